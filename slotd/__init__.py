@@ -1,0 +1,22 @@
+"""slotd: a durable PostgreSQL task queue and the worker daemon that drains it."""
+
+from slotd.errors import Cancelled, DeadlineExceeded, LeaseLost, SlotdError
+from slotd.registry import Registry
+from slotd.repository import NewTask
+from slotd.task import Context, Task
+
+__all__ = [
+    "Cancelled",
+    "Context",
+    "DeadlineExceeded",
+    "LeaseLost",
+    "NewTask",
+    "Registry",
+    "SlotdError",
+    "Task",
+    "enqueue",
+    "enqueue_many",
+]
+__version__ = "0.1.0"
+
+from slotd.enqueue import enqueue, enqueue_many  # noqa: E402

@@ -1,0 +1,59 @@
+"""The `slotd` command line."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+import psycopg
+
+from slotd import db
+from slotd.config import Settings
+from slotd.errors import ConfigError, SlotdError
+from slotd.repository import migrate as run_migrations
+
+
+class SlotdGroup(click.Group):
+    """Errors become one line on stderr: 2 for usage and configuration, 1 for the rest."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ConfigError as exc:
+            click.echo(f"slotd: {exc}", err=True)
+            sys.exit(2)
+        except psycopg.Error as exc:
+            first = db.redact(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+            click.echo(f"slotd: database error: {first}", err=True)
+            sys.exit(1)
+        except SlotdError as exc:
+            click.echo(f"slotd: {db.redact(str(exc))}", err=True)
+            sys.exit(1)
+
+
+def settings_from(ctx: click.Context) -> Settings:
+    settings: Settings = ctx.obj
+    return settings
+
+
+@click.group(cls=SlotdGroup)
+@click.option("--log-format", type=click.Choice(["text", "json"]), default=None)
+@click.pass_context
+def main(ctx: click.Context, log_format: str | None) -> None:
+    """slotd: a durable PostgreSQL task queue and its worker daemon."""
+    try:
+        ctx.obj = Settings.from_env().with_(log_format=log_format)
+    except ConfigError as exc:
+        click.echo(f"slotd: {exc}", err=True)
+        sys.exit(2)
+
+
+@main.command()
+@click.pass_context
+def migrate(ctx: click.Context) -> None:
+    """Create or upgrade the schema (safe to run twice, and from two hosts at once)."""
+    settings = settings_from(ctx)
+    with db.connect(db.primary_url(settings), role="slotd migrate") as conn:
+        applied = run_migrations(conn)
+    click.echo(f"applied {', '.join(applied)}" if applied else "schema up to date")

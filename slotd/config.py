@@ -1,0 +1,170 @@
+"""Settings: environment first, flags override, durations written like 1h30m."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+
+from slotd.errors import ConfigError
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str | int | float | timedelta, *, name: str = "duration") -> timedelta:
+    """`15s`, `10m`, `1h30m`, `7d` (a bare number is seconds)."""
+    if isinstance(text, timedelta):
+        return text
+    if isinstance(text, int | float):
+        return timedelta(seconds=text)
+    raw = text.strip().lower()
+    if re.fullmatch(r"\d+(?:\.\d+)?", raw):
+        return timedelta(seconds=float(raw))
+    pos, total = 0, 0.0
+    for match in _DURATION_PART.finditer(raw):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        pos = match.end()
+    if pos != len(raw) or not raw:
+        raise ConfigError(f"bad {name} {text!r}: write it like 15s, 10m, 1h30m or 7d")
+    return timedelta(seconds=total)
+
+
+def format_duration(value: timedelta | float) -> str:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if seconds < 60:
+        return f"{seconds:.3g}s"
+    minutes, sec = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    parts = [f"{n}{u}" for n, u in ((days, "d"), (hours, "h"), (minutes, "m"), (sec, "s")) if n]
+    return "".join(parts)
+
+
+def _env(name: str, *fallbacks: str) -> str | None:
+    for key in (name, *fallbacks):
+        value = os.environ.get(key)
+        if value:
+            return value
+    return None
+
+
+def _int(name: str, default: int, minimum: int = 0) -> int:
+    raw = _env(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"bad {name} {raw!r}: expected a whole number") from None
+    if value < minimum:
+        raise ConfigError(f"bad {name} {raw!r}: must be at least {minimum}")
+    return value
+
+
+def _float(name: str, default: float, low: float = 0.0, high: float = 1.0) -> float:
+    raw = _env(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"bad {name} {raw!r}: expected a number") from None
+    if not low <= value <= high:
+        raise ConfigError(f"bad {name} {raw!r}: must be between {low} and {high}")
+    return value
+
+
+def _duration(name: str, default: str) -> timedelta:
+    return parse_duration(_env(name) or default, name=name)
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Chaos for staging (SLOTD_FAULT_*): probabilities between 0 and 1."""
+
+    error: float = 0.0
+    latency: float = 0.0
+    latency_seconds: float = 1.0
+    crash: float = 0.0
+    lost_settlement: float = 0.0
+
+    @property
+    def any(self) -> bool:
+        return any((self.error, self.latency, self.crash, self.lost_settlement))
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str | None = None
+    database_url_read: str | None = None
+    slots: int = 4
+    poll_interval: timedelta = timedelta(seconds=5)
+    lease_margin: timedelta = timedelta(seconds=30)
+    max_attempts: int = 20
+    backoff_base: timedelta = timedelta(seconds=15)
+    backoff_cap: timedelta = timedelta(minutes=10)
+    backoff_jitter: float = 0.1
+    retention: timedelta = timedelta(days=7)
+    shutdown_grace: timedelta = timedelta(seconds=25)
+    kill_grace: timedelta = timedelta(seconds=5)
+    statement_timeout: timedelta = timedelta(seconds=30)
+    lock_timeout: timedelta = timedelta(seconds=5)
+    discovery_batch: int = 20
+    metrics_addr: str = "127.0.0.1:9464"
+    home: str | None = None
+    log_format: str = "text"
+    runner_max_tasks: int = 0
+    runner_max_rss_mib: int = 0
+    faults: Faults = field(default_factory=Faults)
+    allow_faults: bool = False
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        settings = cls(
+            database_url=_env("SLOTD_DATABASE_URL", "DATABASE_URL"),
+            database_url_read=_env("SLOTD_DATABASE_URL_READ", "DATABASE_URL_READ"),
+            slots=_int("SLOTD_SLOTS", 4, minimum=1),
+            poll_interval=_duration("SLOTD_POLL_INTERVAL", "5s"),
+            lease_margin=_duration("SLOTD_LEASE_MARGIN", "30s"),
+            max_attempts=_int("SLOTD_MAX_ATTEMPTS", 20, minimum=1),
+            backoff_base=_duration("SLOTD_BACKOFF_BASE", "15s"),
+            backoff_cap=_duration("SLOTD_BACKOFF_CAP", "10m"),
+            backoff_jitter=_float("SLOTD_BACKOFF_JITTER", 0.1),
+            retention=_duration("SLOTD_RETENTION", "7d"),
+            shutdown_grace=_duration("SLOTD_SHUTDOWN_GRACE", "25s"),
+            kill_grace=_duration("SLOTD_KILL_GRACE", "5s"),
+            statement_timeout=_duration("SLOTD_STATEMENT_TIMEOUT", "30s"),
+            lock_timeout=_duration("SLOTD_LOCK_TIMEOUT", "5s"),
+            metrics_addr=_env("SLOTD_METRICS_ADDR") or "127.0.0.1:9464",
+            home=_env("SLOTD_HOME"),
+            log_format=(_env("SLOTD_LOG_FORMAT") or "text"),
+            runner_max_tasks=_int("SLOTD_RUNNER_MAX_TASKS", 0),
+            runner_max_rss_mib=_int("SLOTD_RUNNER_MAX_RSS_MIB", 0),
+            faults=Faults(
+                error=_float("SLOTD_FAULT_ERROR", 0.0),
+                latency=_float("SLOTD_FAULT_LATENCY", 0.0),
+                latency_seconds=_duration("SLOTD_FAULT_LATENCY_SECONDS", "1s").total_seconds(),
+                crash=_float("SLOTD_FAULT_CRASH", 0.0),
+                lost_settlement=_float("SLOTD_FAULT_LOST_SETTLEMENT", 0.0),
+            ),
+            allow_faults=_env("SLOTD_ALLOW_FAULTS") == "1",
+        )
+        return settings.validated()
+
+    def with_(self, **changes: object) -> Settings:
+        return replace(self, **{k: v for k, v in changes.items() if v is not None}).validated()
+
+    def validated(self) -> Settings:
+        if self.log_format not in ("text", "json"):
+            raise ConfigError(f"bad log format {self.log_format!r}: use text or json")
+        if self.kill_grace >= self.lease_margin:
+            raise ConfigError("SLOTD_KILL_GRACE must be shorter than SLOTD_LEASE_MARGIN")
+        if self.backoff_cap < self.backoff_base:
+            raise ConfigError("SLOTD_BACKOFF_CAP must not be shorter than SLOTD_BACKOFF_BASE")
+        if self.poll_interval.total_seconds() <= 0:
+            raise ConfigError("SLOTD_POLL_INTERVAL must be positive")
+        return self

@@ -1,0 +1,209 @@
+"""One claimed task: its deadline from the database's stamp, the handler call, and the
+consequence written back fenced on the lease token.
+
+The daemon splits this across processes (`execute` in the runner, `settle` in the slot) and
+the test modes call `process` in one; both go through these same functions, so the two
+delivery paths cannot drift apart."""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from slotd import outcome as kinds
+from slotd.errors import Cancelled, DeadlineExceeded, LeaseLost
+from slotd.outcome import Outcome
+from slotd.registry import Handler, Registry
+from slotd.repository import Claimed, Repository
+from slotd.task import Context
+
+log = logging.getLogger("slotd.processor")
+
+
+@dataclass
+class Result:
+    """What a handler call came to, as plain data that crosses a pipe."""
+
+    kind: str
+    error: str | None = None
+    advanced: bool = False
+    past_deadline: bool = False
+    duration: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Settlement:
+    outcome: Outcome
+    dead: bool = False
+    duration: float | None = None
+
+
+def past(deadline: datetime) -> bool:
+    return datetime.now(UTC) >= deadline
+
+
+def execute(handler: Handler, ctx: Context, before: Callable[[], None] | None = None) -> Result:
+    """Call the handler and classify what it did. Never raises for the handler's sake."""
+    started = time.monotonic()
+    try:
+        if before is not None:
+            before()  # fault injection for chaos runs
+        returned = handler.fn(ctx.task, ctx)
+    except Cancelled as exc:
+        kind, error = kinds.SHUTDOWN, _describe(exc)
+    except BaseException as exc:  # noqa: BLE001 - a handler's SystemExit is an error too
+        if isinstance(exc, KeyboardInterrupt) and ctx.shutting_down:
+            kind, error = kinds.SHUTDOWN, _describe(exc)
+        else:
+            kind, error = kinds.ERROR, _describe(exc)
+        if isinstance(exc, DeadlineExceeded):
+            return Result(kind, error, ctx.advanced, True, time.monotonic() - started)
+    else:
+        kind, error = (kinds.CONTINUE, None) if returned is False else (kinds.DONE, None)
+    return Result(kind, error, ctx.advanced, past(ctx.deadline), time.monotonic() - started)
+
+
+def _describe(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc)).strip()
+
+
+def settle(
+    repo: Repository,
+    claimed: Claimed,
+    result: Result,
+    *,
+    shutting_down: bool = False,
+    logger: logging.Logger | logging.LoggerAdapter[Any] = log,
+) -> Settlement:
+    """Write the consequence of `result`, fenced on the token. A refused write means this
+    worker no longer owns the row, so nothing is written and the outcome is `lost`."""
+    task_id, token = claimed.id, claimed.token
+    try:
+        if result.kind == kinds.DONE:
+            repo.dequeue(task_id, token)
+            return _done(Outcome.SUCCESS, claimed, result, logger)
+        if result.kind in (kinds.CONTINUE, kinds.SHUTDOWN) or (
+            shutting_down and result.kind == kinds.ERROR
+        ):
+            return _release(repo, claimed, result, shutting_down, logger)
+        if result.kind == kinds.KILLED or (result.kind == kinds.ERROR and result.past_deadline):
+            failure = repo.record_failure(task_id, token, _error_text(result, "deadline exceeded"))
+            return _done(Outcome.TIMEOUT, claimed, result, logger, failure.dead)
+        if result.kind == kinds.CRASHED:
+            failure = repo.record_failure(task_id, token, _error_text(result, "runner crashed"))
+            return _done(Outcome.CRASHED, claimed, result, logger, failure.dead)
+        failure = repo.record_failure(task_id, token, _error_text(result, "handler failed"))
+        return _done(Outcome.FAILURE, claimed, result, logger, failure.dead)
+    except LeaseLost:
+        return _done(Outcome.LOST, claimed, result, logger)
+
+
+def _release(
+    repo: Repository,
+    claimed: Claimed,
+    result: Result,
+    shutting_down: bool,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> Settlement:
+    interrupted = shutting_down or result.kind == kinds.SHUTDOWN
+    reason = (
+        "released at shutdown on its final attempt"
+        if interrupted
+        else "continued without advancing on its final attempt"
+    )
+    # After a successful advance_cursor the row is already unleased and due: matching a
+    # row here means the slice saved nothing and its next attempt repeats this one.
+    matched = repo.release(claimed.id, claimed.token, reason)
+    if interrupted:
+        outcome = Outcome.CONTINUED if result.advanced else Outcome.CANCELLED
+    elif result.past_deadline:
+        outcome = Outcome.TIMEOUT
+        logger.warning("slice continued at its deadline", extra=_fields(claimed))
+    else:
+        outcome = Outcome.CONTINUED
+    if matched and not interrupted:
+        logger.warning(
+            "slice advanced nothing; its next attempt repeats this one%s",
+            " and it has reached max attempts" if claimed.final_attempt else "",
+            extra=_fields(claimed),
+        )
+    return _done(outcome, claimed, result, logger, matched and claimed.final_attempt)
+
+
+def _error_text(result: Result, default: str) -> str:
+    return result.error or default
+
+
+def _fields(claimed: Claimed) -> dict[str, Any]:
+    return {"task_id": claimed.id, "task_type": claimed.task_type, "attempt": claimed.attempt}
+
+
+def _done(
+    outcome: Outcome,
+    claimed: Claimed,
+    result: Result,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    dead: bool = False,
+) -> Settlement:
+    fields = {**_fields(claimed), "outcome": str(outcome), "duration": result.duration}
+    level = logging.INFO
+    if outcome in (Outcome.FAILURE, Outcome.TIMEOUT, Outcome.CRASHED, Outcome.LOST):
+        level = logging.WARNING
+        if result.error:
+            fields["error"] = result.error.splitlines()[-1][:500]
+    if dead:
+        fields["dead_letter"] = True
+        level = logging.ERROR
+    duration = f" in {result.duration * 1000:.1f}ms" if result.duration is not None else ""
+    logger.log(
+        level,
+        "task %s#%s attempt %s: %s%s%s",
+        claimed.task_type,
+        claimed.id,
+        claimed.attempt,
+        outcome,
+        duration,
+        " (dead letter)" if dead else "",
+        extra=fields,
+    )
+    return Settlement(outcome, dead, result.duration)
+
+
+def not_started(claimed: Claimed) -> Result:
+    """The claim itself outlasted the ceiling: starting the handler would run it beyond its
+    lease from the first instant, so it is not started, and counts as a timeout."""
+    reason = "claim returned after the handler's deadline; not started"
+    return Result(kinds.KILLED, reason, advanced=False, past_deadline=True)
+
+
+def process(
+    repo: Repository,
+    registry: Registry,
+    claimed: Claimed,
+    *,
+    is_cancelled: Callable[[], bool] = lambda: False,
+    before: Callable[[], None] | None = None,
+    logger: logging.Logger | logging.LoggerAdapter[Any] = log,
+) -> Settlement:
+    """The whole step in this process: what the test modes and the inline paths use."""
+    handler = registry.get(claimed.task_type)
+    deadline = claimed.deadline(repo.lease_margin)
+    if handler is None:
+        result = Result(kinds.ERROR, f"no handler registered for {claimed.task_type!r}")
+    elif past(deadline):
+        result = not_started(claimed)
+    else:
+        ctx = Context(
+            claimed.task(),
+            deadline,
+            lambda payload: repo.advance_cursor(claimed.id, claimed.token, payload),
+            is_cancelled,
+        )
+        result = execute(handler, ctx, before)
+    return settle(repo, claimed, result, shutting_down=is_cancelled(), logger=logger)

@@ -1,0 +1,408 @@
+"""Every statement slotd runs against the queue. The SQL itself is in sql/; this module
+loads it, binds parameters and says what a zero-row match means."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from slotd.errors import LeaseLost
+from slotd.registry import Registry, validate_type_name
+from slotd.task import Task
+
+WAKE_CHANNEL = "slotd_wake"
+_BLOCK = re.compile(r"^-- (name|predicate): (\S+)\s*$", re.M)
+_SPLICE = re.compile(r"\{(\w+)\}")
+
+Executor = psycopg.Connection[Any] | psycopg.Cursor[Any]
+
+
+def sql_dir() -> Path:
+    """sql/ next to the package in a checkout, slotd/sql inside an installed wheel."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "sql", here.parent / "sql"):
+        if (candidate / "queries.sql").exists():
+            return candidate
+    raise FileNotFoundError("slotd's sql/ directory is missing from this installation")
+
+
+@cache
+def statements() -> dict[str, str]:
+    text = (sql_dir() / "queries.sql").read_text()
+    blocks: dict[str, dict[str, str]] = {"name": {}, "predicate": {}}
+    marks = list(_BLOCK.finditer(text))
+    for mark, nxt in zip(marks, [*marks[1:], None], strict=True):
+        body = text[mark.end() : nxt.start() if nxt else len(text)]
+        lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
+        blocks[mark.group(1)][mark.group(2)] = "\n".join(lines).strip()
+    predicates = blocks["predicate"]
+
+    def splice(sql: str) -> str:
+        return _SPLICE.sub(lambda m: "(" + splice(predicates[m.group(1)]) + ")", sql)
+
+    return {name: splice(sql) for name, sql in blocks["name"].items()}
+
+
+def _sql(name: str) -> Any:
+    # psycopg's LiteralString typing does not follow strings loaded from a file.
+    return statements()[name]
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    found = []
+    for path in sorted(sql_dir().glob("[0-9][0-9][0-9]_*.sql")):
+        found.append((int(path.name[:3]), path.stem, path.read_text()))
+    return found
+
+
+def migrate(conn: psycopg.Connection[Any]) -> list[str]:
+    """Apply the numbered migrations not yet recorded. A session advisory lock makes two
+    hosts migrating at once take turns; the second then finds nothing to do."""
+    applied_now: list[str] = []
+    with conn.transaction():
+        pass  # surface a connection that cannot even begin before taking the lock
+    conn.execute(_sql("migrate_lock"))
+    try:
+        with conn.transaction():
+            conn.execute(_sql("migrate_init"))
+        done = {row[0] for row in conn.execute(_sql("migrate_applied"))}
+        for version, name, body in migrations():
+            if version in done:
+                continue
+            with conn.transaction():
+                conn.execute(body)  # type: ignore[arg-type]
+                conn.execute(_sql("migrate_record"), {"version": version, "name": name})
+            applied_now.append(name)
+    finally:
+        conn.execute(_sql("migrate_unlock"))
+    return applied_now
+
+
+def _json_object(payload: Mapping[str, Any] | None, task_type: str) -> str:
+    if payload is None:
+        payload = {}
+    if not isinstance(payload, Mapping):
+        raise TypeError(f"task {task_type!r}: payload must be a JSON object (a dict)")
+    try:
+        return json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"task {task_type!r}: payload is not JSON-serializable: {exc}") from None
+
+
+def _seconds(delay: timedelta | float | int | None) -> float:
+    if delay is None:
+        return 0.0
+    return delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+
+
+@dataclass(frozen=True)
+class NewTask:
+    task_type: str
+    payload: Mapping[str, Any] | None = None
+    delay: timedelta | float | None = None
+    key: str | None = None
+
+
+def enqueue_many(
+    target: Executor,
+    items: Iterable[NewTask | tuple[Any, ...]],
+    *,
+    max_attempts: int = 20,
+) -> list[int]:
+    """Insert tasks inside the caller's transaction and return their ids, in order; a key
+    with a live row returns that row's id. Everything is validated before anything is
+    sent, so bad input leaves the caller's transaction untouched."""
+    rows = [item if isinstance(item, NewTask) else NewTask(*item) for item in items]
+    if not rows:
+        return []
+    types, payloads, keys, delays = [], [], [], []
+    for row in rows:
+        types.append(validate_type_name(row.task_type))
+        payloads.append(_json_object(row.payload, row.task_type))
+        if row.key is not None and not isinstance(row.key, str):
+            raise TypeError(f"task {row.task_type!r}: key must be a string")
+        keys.append(row.key)
+        delays.append(_seconds(row.delay))
+    params = {
+        "types": types,
+        "payloads": payloads,
+        "keys": keys,
+        "delays": delays,
+        "max_attempts": max_attempts,
+    }
+    result = target.execute(_sql("enqueue"), params).fetchall()
+    ids: list[int] = []
+    for _ord, task_id, task_type, key in result:
+        if task_id is None:  # met a concurrent or same-batch enqueue of the same key
+            found = target.execute(_sql("live_by_key"), {"task_type": task_type, "key": key})
+            task_id = found.fetchone()[0]  # type: ignore[index]
+        ids.append(task_id)
+    return ids
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A row this worker holds a lease on, with the database's own stamps."""
+
+    id: int
+    task_type: str
+    payload: dict[str, Any]
+    key: str | None
+    run_at: datetime
+    attempt: int
+    max_attempts: int
+    token: uuid.UUID
+    lease_expires_at: datetime
+    claimed_at: datetime
+
+    @property
+    def final_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+    def task(self) -> Task:
+        return Task(self.id, self.task_type, self.payload, self.attempt, self.key, self.run_at)
+
+    def deadline(self, margin: timedelta) -> datetime:
+        return self.lease_expires_at - margin
+
+
+@dataclass(frozen=True)
+class Failure:
+    attempt: int
+    max_attempts: int
+    run_at: datetime
+
+    @property
+    def dead(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+
+def _interval(value: timedelta) -> str:
+    return f"{int(value.total_seconds() * 1000)}ms"
+
+
+class Repository:
+    """The queue on one worker's connections: discovery on the read lane, claims and
+    fenced settlements on the write lane, each write bounded by SET LOCAL timeouts."""
+
+    def __init__(
+        self,
+        write: psycopg.Connection[Any],
+        read: psycopg.Connection[Any] | None = None,
+        *,
+        lease_margin: timedelta = timedelta(seconds=30),
+        backoff_base: timedelta = timedelta(seconds=15),
+        backoff_cap: timedelta = timedelta(minutes=10),
+        backoff_jitter: float = 0.1,
+        statement_timeout: timedelta = timedelta(seconds=30),
+        lock_timeout: timedelta = timedelta(seconds=5),
+    ) -> None:
+        self.write = write
+        self.read = read or write
+        self.lease_margin = lease_margin
+        self._backoff = {
+            "base_s": backoff_base.total_seconds(),
+            "cap_s": backoff_cap.total_seconds(),
+            "jitter": backoff_jitter,
+        }
+        self._bounds = {
+            "statement_timeout": _interval(statement_timeout),
+            "lock_timeout": _interval(lock_timeout),
+        }
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Any,
+        write: psycopg.Connection[Any],
+        read: psycopg.Connection[Any] | None = None,
+    ) -> Repository:
+        return cls(
+            write,
+            read,
+            lease_margin=settings.lease_margin,
+            backoff_base=settings.backoff_base,
+            backoff_cap=settings.backoff_cap,
+            backoff_jitter=settings.backoff_jitter,
+            statement_timeout=settings.statement_timeout,
+            lock_timeout=settings.lock_timeout,
+        )
+
+    @contextmanager
+    def _bounded(self) -> Iterator[psycopg.Connection[Any]]:
+        # Pipelined: BEGIN, the bounds, the statement and COMMIT leave in one round trip.
+        conn = self.write
+        with conn.pipeline(), conn.transaction():
+            conn.execute(_sql("bound"), self._bounds)
+            yield conn
+
+    def _write(self, name: str, params: Mapping[str, Any]) -> tuple[int, list[tuple[Any, ...]]]:
+        with self._bounded() as conn:
+            cur = conn.execute(_sql(name), params)
+        rows = cur.fetchall() if cur.description else []
+        return cur.rowcount, rows
+
+    # discovery and claim
+
+    def discover(self, types: Sequence[str], limit: int = 20) -> list[int]:
+        cur = self.read.execute(_sql("discover"), {"types": list(types), "limit": limit})
+        return [row[0] for row in cur.fetchall()]
+
+    def claim(self, ids: Sequence[int], registry: Registry) -> Claimed | None:
+        if not ids:
+            return None
+        token = uuid.uuid4()
+        params = {
+            "ids": list(ids),
+            "types": registry.types,
+            "ceilings_s": registry.ceilings_seconds,
+            "margin_s": self.lease_margin.total_seconds(),
+            "token": token,
+        }
+        _, rows = self._write("claim", params)
+        if not rows:
+            return None
+        (task_id, task_type, payload, key, run_at, attempt, max_attempts, tok, expires, now) = rows[
+            0
+        ]
+        return Claimed(
+            task_id, task_type, payload, key, run_at, attempt, max_attempts, tok, expires, now
+        )
+
+    # fenced settlements
+
+    def dequeue(self, task_id: int, token: uuid.UUID | None) -> None:
+        count, _ = self._write("dequeue", {"id": task_id, "token": token})
+        if count == 0:
+            raise LeaseLost(f"task {task_id}: dequeue refused, the lease is not ours")
+
+    def record_failure(self, task_id: int, token: uuid.UUID, error: str) -> Failure:
+        params = {"id": task_id, "token": token, "error": error[:8000], **self._backoff}
+        _, rows = self._write("record_failure", params)
+        if not rows:
+            raise LeaseLost(f"task {task_id}: failure refused, the lease is not ours")
+        return Failure(*rows[0])
+
+    def advance_cursor(self, task_id: int, token: uuid.UUID, payload: Mapping[str, Any]) -> bool:
+        body = _json_object(payload, "cursor")
+        count, _ = self._write("advance_cursor", {"id": task_id, "token": token, "payload": body})
+        return count == 1
+
+    def release(self, task_id: int, token: uuid.UUID, reason: str) -> bool:
+        count, _ = self._write("release", {"id": task_id, "token": token, "reason": reason})
+        return count == 1
+
+    # fleet view and maintenance (autocommit statements on the write lane)
+
+    def gauges(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"pending": {}, "running": {}, "dead": {}, "oldest_due_seconds": 0.0}
+        for kind, task_type, value in self.read.execute(_sql("gauges")).fetchall():
+            if kind == "oldest_due":
+                out["oldest_due_seconds"] = float(value or 0.0)
+            else:
+                bucket = out[kind]
+                bucket[task_type] = bucket.get(task_type, 0) + int(value)
+        return out
+
+    def dead_list(
+        self, task_type: str | None = None, ids: Sequence[int] | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        cur = self.read.execute(
+            _sql("dead_list"),
+            {"task_type": task_type, "ids": list(ids) if ids else None, "limit": limit},
+        )
+        names = [col.name for col in cur.description or []]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    def dead_count(
+        self,
+        task_type: str | None = None,
+        ids: Sequence[int] | None = None,
+        older_than: timedelta | None = None,
+    ) -> int:
+        params = {
+            "task_type": task_type,
+            "ids": list(ids) if ids else None,
+            "older_than_s": older_than.total_seconds() if older_than else None,
+        }
+        return int(self.read.execute(_sql("dead_count"), params).fetchone()[0])  # type: ignore[index]
+
+    def dead_retry_batch(
+        self, task_type: str | None = None, ids: Sequence[int] | None = None, batch: int = 1000
+    ) -> list[int]:
+        params = {"task_type": task_type, "ids": list(ids) if ids else None, "batch": batch}
+        _, rows = self._write("dead_retry", params)
+        return [row[0] for row in rows]
+
+    def dead_purge_batch(
+        self,
+        task_type: str | None = None,
+        ids: Sequence[int] | None = None,
+        older_than: timedelta | None = None,
+        batch: int = 5000,
+    ) -> int:
+        params = {
+            "task_type": task_type,
+            "ids": list(ids) if ids else None,
+            "older_than_s": older_than.total_seconds() if older_than else None,
+            "batch": batch,
+        }
+        count, _ = self._write("dead_purge", params)
+        return count
+
+    def prune_dead(self, retention: timedelta, batch: int = 5000) -> int:
+        """Retention: dead letters whose last attempt is older than the window, in batches
+        so a million-row backlog never holds one long transaction."""
+        total = 0
+        while True:
+            pruned = self.dead_purge_batch(older_than=retention, batch=batch)
+            total += pruned
+            if pruned < batch:
+                return total
+
+    def try_maintenance(self) -> bool:
+        """True on the one replica that wins this hour's maintenance; a transaction-scoped
+        lock, so the caller does the work inside `maintenance_window`."""
+        return bool(self.write.execute(_sql("try_maintenance_lock")).fetchone()[0])  # type: ignore[index]
+
+    def heartbeat(
+        self, replica_id: str, hostname: str, pid: int, slots: int, task_types: list[str]
+    ) -> None:
+        params = {
+            "replica_id": replica_id,
+            "hostname": hostname,
+            "pid": pid,
+            "slots": slots,
+            "task_types": task_types,
+        }
+        self.write.execute(_sql("replica_heartbeat"), params)
+
+    def replica_gone(self, replica_id: str) -> None:
+        self.write.execute(_sql("replica_gone"), {"replica_id": replica_id})
+
+    def replicas(self) -> list[dict[str, Any]]:
+        cur = self.write.execute(_sql("replicas"))
+        names = [col.name for col in cur.description or []]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    # test modes only
+
+    def shift_time(self, seconds: float) -> None:
+        self.write.execute(_sql("set_time_offset"), {"seconds": seconds})
+
+    def expire_leases(self) -> int:
+        return self.write.execute(_sql("expire_leases")).rowcount
+
+
+def listen(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(_sql("listen"))

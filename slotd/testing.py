@@ -1,0 +1,1 @@
+"""slotd's pytest plugin: test modes for application handlers (see issue 6)."""

@@ -1,0 +1,258 @@
+-- Every statement slotd runs against the queue, by name. slotd/repository.py loads this
+-- file and is the only module that executes SQL. Predicates are written once, here, and
+-- spliced into the statements as {name}; every statement aliases slotd_tasks as t.
+
+-- predicate: lease_live
+(t.lease_expires_at IS NOT NULL AND t.lease_expires_at > now())
+
+-- predicate: claimable
+(t.run_at <= now() AND t.attempt_count < t.max_attempts
+ AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= now()))
+
+-- predicate: dead
+(t.attempt_count >= t.max_attempts
+ AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= now()))
+
+-- predicate: live
+(t.attempt_count < t.max_attempts OR {lease_live})
+
+-- name: bound
+-- SET LOCAL semantics, so the bound holds behind a transaction-mode pooler too.
+SELECT set_config('statement_timeout', %(statement_timeout)s, true),
+       set_config('lock_timeout', %(lock_timeout)s, true)
+
+-- name: enqueue
+-- One statement: dedupe against live rows, insert, and fire the wake. pg_notify inside
+-- the caller's transaction is delivered only if it commits, and identical notifications
+-- collapse, so a thousand rows cost one wake.
+WITH input AS (
+    SELECT i.ord, i.task_type, i.payload, i.key, i.delay_s,
+           nextval(pg_get_serial_sequence('slotd_tasks', 'id')) AS new_id
+    FROM unnest(%(types)s::text[], %(payloads)s::jsonb[], %(keys)s::text[],
+                %(delays)s::float8[]) WITH ORDINALITY AS i(task_type, payload, key, delay_s, ord)
+), existing AS (
+    SELECT DISTINCT ON (i.ord) i.ord, t.id
+    FROM input i JOIN slotd_tasks t ON t.task_type = i.task_type AND t.key = i.key
+    WHERE i.key IS NOT NULL AND {live}
+    ORDER BY i.ord, t.id
+), ins AS (
+    INSERT INTO slotd_tasks (id, task_type, payload, key, run_at, max_attempts)
+    SELECT i.new_id, i.task_type, i.payload, i.key,
+           now() + make_interval(secs => i.delay_s), %(max_attempts)s
+    FROM input i
+    WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = i.ord)
+    ORDER BY i.ord
+    ON CONFLICT (task_type, key) WHERE key IS NOT NULL AND attempt_count < max_attempts
+    DO NOTHING
+    RETURNING id, run_at
+), wake AS (
+    SELECT count(*) AS sent FROM (
+        SELECT pg_notify('slotd_wake', '')
+        FROM (SELECT 1 FROM ins WHERE ins.run_at <= now() LIMIT 1) due
+    ) sent
+)
+SELECT i.ord, coalesce(e.id, n.id) AS id, i.task_type, i.key
+FROM input i
+LEFT JOIN existing e ON e.ord = i.ord
+LEFT JOIN ins n ON n.id = i.new_id
+CROSS JOIN wake
+ORDER BY i.ord
+
+-- name: live_by_key
+-- Second look for keys whose insert met a concurrent enqueue (ON CONFLICT DO NOTHING):
+-- a new statement sees the row the other transaction committed.
+SELECT t.id FROM slotd_tasks t
+WHERE t.task_type = %(task_type)s AND t.key = %(key)s AND {live}
+ORDER BY t.id LIMIT 1
+
+-- name: discover
+SELECT t.id FROM slotd_tasks t
+WHERE {claimable} AND t.task_type = ANY(%(types)s::text[])
+ORDER BY t.run_at, t.id
+LIMIT %(limit)s
+
+-- name: claim
+-- MATERIALIZED, not a FROM-subquery: a subquery may be rescanned once per outer tuple of a
+-- nested loop and each rescan would lease another row. One statement, one row.
+WITH picked AS MATERIALIZED (
+    SELECT t.id FROM slotd_tasks t
+    WHERE t.id = ANY(%(ids)s::bigint[]) AND {claimable}
+      AND t.task_type = ANY(%(types)s::text[])
+    ORDER BY t.run_at, t.id
+    LIMIT 1
+    FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE slotd_tasks t
+SET lease_token = %(token)s::uuid,
+    lease_expires_at = now() + c.ceiling + make_interval(secs => %(margin_s)s),
+    attempt_count = t.attempt_count + 1,
+    last_attempted_at = now()
+FROM picked,
+     unnest(%(types)s::text[], %(ceilings_s)s::float8[]) AS c0(task_type, ceiling_s),
+     LATERAL (SELECT make_interval(secs => c0.ceiling_s) AS ceiling) c
+WHERE t.id = picked.id AND c0.task_type = t.task_type
+RETURNING t.id, t.task_type, t.payload, t.key, t.run_at, t.attempt_count, t.max_attempts,
+          t.lease_token, t.lease_expires_at, now() AS claimed_at
+
+-- name: dequeue
+-- A NULL token matches only an unleased row: the inline paths that enqueue and complete
+-- a task themselves.
+DELETE FROM slotd_tasks t
+WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(token)s::uuid
+
+-- name: record_failure
+-- Capped exponential backoff from the attempt the claim already counted, shortened by up
+-- to the jitter fraction so a thousand simultaneous failures do not return together.
+UPDATE slotd_tasks t
+SET last_error = %(error)s,
+    run_at = now() + make_interval(secs =>
+        least(%(base_s)s * power(2::float8, least(greatest(t.attempt_count - 1, 0), 40)),
+              %(cap_s)s) * (1 - %(jitter)s * random())),
+    lease_token = NULL,
+    lease_expires_at = NULL
+WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
+RETURNING t.attempt_count, t.max_attempts, t.run_at
+
+-- name: advance_cursor
+-- Progress and the lease's end in one statement: the row is due, unleased and carries
+-- the cursor atomically, and attempts count only slices that got nowhere.
+UPDATE slotd_tasks t
+SET payload = %(payload)s,
+    run_at = now(),
+    attempt_count = 0,
+    last_error = NULL,
+    lease_token = NULL,
+    lease_expires_at = NULL
+WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
+
+-- name: release
+-- A rollout does not refund the attempt; on the final one the resulting dead letter
+-- would otherwise carry no explanation, so the reason is stamped then.
+UPDATE slotd_tasks t
+SET lease_token = NULL,
+    lease_expires_at = NULL,
+    last_error = CASE WHEN t.attempt_count >= t.max_attempts THEN %(reason)s
+                      ELSE t.last_error END
+WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
+
+-- name: gauges
+-- One round trip for every fleet gauge; each branch is driven by its own partial index.
+SELECT 'pending' AS kind, t.task_type, count(*)::float8 AS value
+FROM slotd_tasks t WHERE t.attempt_count < t.max_attempts GROUP BY t.task_type
+UNION ALL
+SELECT 'pending', t.task_type, count(*)
+FROM slotd_tasks t
+WHERE t.lease_token IS NOT NULL AND t.attempt_count >= t.max_attempts AND {lease_live}
+GROUP BY t.task_type
+UNION ALL
+SELECT 'running', t.task_type, count(*)
+FROM slotd_tasks t WHERE t.lease_token IS NOT NULL AND {lease_live}
+GROUP BY t.task_type
+UNION ALL
+SELECT 'dead', t.task_type, count(*)
+FROM slotd_tasks t WHERE {dead} GROUP BY t.task_type
+UNION ALL
+SELECT 'oldest_due', NULL, coalesce(extract(epoch FROM now() - (
+    SELECT t.run_at FROM slotd_tasks t WHERE {claimable}
+    ORDER BY t.run_at, t.id LIMIT 1))::float8, 0)
+
+-- name: dead_list
+SELECT t.id, t.task_type, t.key, t.payload, t.attempt_count, t.last_error,
+       t.last_attempted_at, t.created_at
+FROM slotd_tasks t
+WHERE {dead} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
+  AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
+ORDER BY t.last_attempted_at DESC NULLS LAST, t.id DESC
+LIMIT %(limit)s
+
+-- name: dead_retry
+-- Back to the start: attempts reset and due now. A live row with the same key wins; the
+-- dead one then stays dead rather than violating the dedupe index.
+UPDATE slotd_tasks t
+SET attempt_count = 0, run_at = now(), lease_token = NULL, lease_expires_at = NULL
+WHERE t.id IN (
+    SELECT t.id FROM slotd_tasks t
+    WHERE {dead} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
+      AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
+      AND (t.key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM slotd_tasks l
+          WHERE l.task_type = t.task_type AND l.key = t.key AND l.id <> t.id
+            AND l.attempt_count < l.max_attempts))
+    ORDER BY t.id LIMIT %(batch)s FOR UPDATE SKIP LOCKED)
+RETURNING t.id
+
+-- name: dead_purge
+DELETE FROM slotd_tasks t
+WHERE t.id IN (
+    SELECT t.id FROM slotd_tasks t
+    WHERE {dead} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
+      AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
+      AND (%(older_than_s)s::float8 IS NULL
+           OR t.last_attempted_at < now() - make_interval(secs => %(older_than_s)s))
+    ORDER BY t.id LIMIT %(batch)s FOR UPDATE SKIP LOCKED)
+
+-- name: dead_count
+SELECT count(*) FROM slotd_tasks t
+WHERE {dead} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
+  AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
+  AND (%(older_than_s)s::float8 IS NULL
+       OR t.last_attempted_at < now() - make_interval(secs => %(older_than_s)s))
+
+-- name: replica_heartbeat
+INSERT INTO slotd_replicas AS r (replica_id, hostname, pid, slots, task_types)
+VALUES (%(replica_id)s, %(hostname)s, %(pid)s, %(slots)s, %(task_types)s)
+ON CONFLICT (replica_id) DO UPDATE
+SET seen_at = now(), slots = excluded.slots, task_types = excluded.task_types
+
+-- name: replica_gone
+DELETE FROM slotd_replicas WHERE replica_id = %(replica_id)s
+
+-- name: replicas
+-- A replica heartbeats every poll interval; one silent for a minute is gone, and is
+-- pruned here so the table never accumulates crashed replicas.
+WITH pruned AS (
+    DELETE FROM slotd_replicas WHERE seen_at < now() - interval '10 minutes'
+)
+SELECT replica_id, hostname, pid, slots, task_types,
+       extract(epoch FROM now() - seen_at)::float8 AS seen_ago_s
+FROM slotd_replicas
+WHERE seen_at >= now() - interval '1 minute'
+ORDER BY hostname, pid
+
+-- name: try_maintenance_lock
+-- Transaction-scoped, so it is released with the transaction even behind a pooler.
+SELECT pg_try_advisory_xact_lock(hashtext('slotd.maintenance'))
+
+-- name: migrate_lock
+SELECT pg_advisory_lock(hashtext('slotd.migrate'))
+
+-- name: migrate_unlock
+SELECT pg_advisory_unlock(hashtext('slotd.migrate'))
+
+-- name: migrate_init
+CREATE TABLE IF NOT EXISTS slotd_schema_migrations (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+
+-- name: migrate_applied
+SELECT version FROM slotd_schema_migrations ORDER BY version
+
+-- name: migrate_record
+INSERT INTO slotd_schema_migrations (version, name) VALUES (%(version)s, %(name)s)
+
+-- name: listen
+LISTEN slotd_wake
+
+-- name: set_time_offset
+-- Test modes only: shift this session's idea of now() is impossible, so the manual queue
+-- moves the rows instead (see testing.advance_time).
+UPDATE slotd_tasks t
+SET run_at = t.run_at - make_interval(secs => %(seconds)s),
+    lease_expires_at = t.lease_expires_at - make_interval(secs => %(seconds)s),
+    last_attempted_at = t.last_attempted_at - make_interval(secs => %(seconds)s)
+
+-- name: expire_leases
+UPDATE slotd_tasks t SET lease_expires_at = now() - interval '1 microsecond'
+WHERE t.lease_token IS NOT NULL AND {lease_live}

@@ -1,0 +1,368 @@
+"""The queue protocol on a real PostgreSQL: claims, fences, wakes, backoff, dead letters."""
+
+from __future__ import annotations
+
+import multiprocessing
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+import slotd
+from slotd.errors import LeaseLost
+from slotd.registry import Registry
+from slotd.repository import Repository, migrate
+
+MINUTE = timedelta(minutes=1)
+
+
+def registry_of(*names: str, ceiling: timedelta = MINUTE) -> Registry:
+    reg = Registry()
+    for name in names:
+        reg.register(name, lambda task, ctx: None, ceiling=ceiling)
+    return reg
+
+
+def row(conn: psycopg.Connection[Any], task_id: int) -> dict[str, Any] | None:
+    cur = conn.execute("SELECT * FROM slotd_tasks WHERE id = %s", (task_id,))
+    found = cur.fetchone()
+    if found is None:
+        return None
+    return dict(zip([c.name for c in cur.description], found, strict=True))
+
+
+def claim_one(repo: Repository, reg: Registry) -> slotd.repository.Claimed:
+    claimed = repo.claim(repo.discover(reg.types), reg)
+    assert claimed is not None
+    return claimed
+
+
+def test_migrate_twice_is_a_noop(conn: psycopg.Connection[Any]) -> None:
+    assert migrate(conn) == []
+    versions = conn.execute("SELECT version FROM slotd_schema_migrations").fetchall()
+    assert versions == [(1,)]
+
+
+def test_migrate_from_two_hosts_at_once(pg_server: Any) -> None:
+    with psycopg.connect(pg_server.url(), autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS fresh_migrate")
+        admin.execute("CREATE DATABASE fresh_migrate")
+    url = pg_server.url("fresh_migrate")
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        results = pool.map(_migrate_url, [url, url])
+    assert sorted(len(r) for r in results) == [0, 1]
+
+
+def _migrate_url(url: str) -> list[str]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return migrate(conn)
+
+
+def test_claim_leases_exactly_one_row_under_nested_loop(
+    conn: psycopg.Connection[Any], repo: Repository
+) -> None:
+    reg = registry_of("plain")
+    slotd.enqueue_many(conn, [("plain", {"n": n}) for n in range(50)])
+    conn.execute("SET enable_hashjoin = off")
+    conn.execute("SET enable_mergejoin = off")
+    conn.execute("SET enable_material = off")
+    claimed = repo.claim(repo.discover(reg.types, limit=50), reg)
+    assert claimed is not None
+    leased = conn.execute("SELECT count(*) FROM slotd_tasks WHERE lease_token IS NOT NULL")
+    assert leased.fetchone() == (1,)
+    assert claimed.attempt == 1
+    # The lease is the type's ceiling plus the margin, stamped by the database.
+    assert claimed.lease_expires_at - claimed.claimed_at == MINUTE + timedelta(seconds=30)
+
+
+def _claim_all(url: str) -> list[int]:
+    reg = registry_of("plain")
+    got = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        repo = Repository(conn)
+        while True:
+            ids = repo.discover(reg.types)
+            if not ids:
+                return got
+            claimed = repo.claim(ids, reg)
+            if claimed is not None:
+                got.append(claimed.id)
+
+
+def test_eight_processes_lease_every_row_exactly_once(
+    conn: psycopg.Connection[Any], db_url: str
+) -> None:
+    ids = slotd.enqueue_many(conn, [("plain", {"n": n}) for n in range(1000)])
+    with multiprocessing.get_context("spawn").Pool(8) as pool:
+        results = pool.map(_claim_all, [db_url] * 8)
+    claimed = [task_id for got in results for task_id in got]
+    assert sorted(claimed) == sorted(ids)
+    assert conn.execute(
+        "SELECT max(attempt_count), min(attempt_count) FROM slotd_tasks"
+    ).fetchone() == (1, 1)
+
+
+def test_stale_token_writes_nothing_for_each_settlement(
+    conn: psycopg.Connection[Any], repo: Repository
+) -> None:
+    reg = registry_of("plain")
+    task_id = slotd.enqueue(conn, "plain", {"v": 1})
+    claimed = claim_one(repo, reg)
+    stale = uuid.uuid4()
+    before = row(conn, task_id)
+    with pytest.raises(LeaseLost):
+        repo.dequeue(task_id, stale)
+    with pytest.raises(LeaseLost):
+        repo.record_failure(task_id, stale, "boom")
+    assert repo.advance_cursor(task_id, stale, {"v": 2}) is False
+    assert repo.release(task_id, stale, "shutdown") is False
+    assert row(conn, task_id) == before
+    # The real token still owns it.
+    assert repo.release(task_id, claimed.token, "shutdown") is True
+
+
+def test_dequeue_with_empty_token_matches_only_an_unleased_row(
+    conn: psycopg.Connection[Any], repo: Repository
+) -> None:
+    reg = registry_of("plain")
+    inline = slotd.enqueue(conn, "plain")
+    repo.dequeue(inline, None)
+    assert row(conn, inline) is None
+    leased = slotd.enqueue(conn, "plain")
+    claim_one(repo, reg)
+    with pytest.raises(LeaseLost):
+        repo.dequeue(leased, None)
+
+
+def test_rolled_back_enqueue_leaves_no_row_and_no_notification(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as listener, psycopg.connect(db_url) as producer:
+        listener.execute("LISTEN slotd_wake")
+        slotd.enqueue(producer, "plain", {"x": 1})
+        producer.rollback()
+        assert producer.execute("SELECT count(*) FROM slotd_tasks").fetchone() == (0,)
+        producer.rollback()
+        assert list(listener.notifies(timeout=0.3)) == []
+
+
+def test_committed_enqueue_of_1000_rows_sends_one_notification(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as listener, psycopg.connect(db_url) as producer:
+        listener.execute("LISTEN slotd_wake")
+        slotd.enqueue_many(producer, [("plain", {"n": n}) for n in range(1000)])
+        assert list(listener.notifies(timeout=0.2)) == []  # not before commit
+        producer.commit()
+        got = list(listener.notifies(timeout=0.5))
+        assert [n.channel for n in got] == ["slotd_wake"]
+        slotd.enqueue(producer, "plain", {"n": "single"})
+        producer.commit()
+        assert len(list(listener.notifies(timeout=0.5))) == 1
+
+
+def test_delayed_enqueue_wakes_nobody(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as listener, psycopg.connect(db_url) as producer:
+        listener.execute("LISTEN slotd_wake")
+        slotd.enqueue(producer, "plain", delay=timedelta(minutes=30))
+        producer.commit()
+        assert list(listener.notifies(timeout=0.3)) == []
+
+
+def test_backoff_doubles_from_15s_and_caps_at_10m(
+    conn: psycopg.Connection[Any], repo: Repository
+) -> None:
+    reg = registry_of("flaky")
+    task_id = slotd.enqueue(conn, "flaky")
+    delays = []
+    for _ in range(8):
+        conn.execute("UPDATE slotd_tasks SET run_at = now() WHERE id = %s", (task_id,))
+        claimed = claim_one(repo, reg)
+        repo.record_failure(task_id, claimed.token, "boom")
+        seconds = conn.execute(
+            "SELECT extract(epoch FROM run_at - now())::float8 FROM slotd_tasks WHERE id = %s",
+            (task_id,),
+        ).fetchone()[0]
+        delays.append(seconds)
+    expected = [15, 30, 60, 120, 240, 480, 600, 600]
+    for got, want in zip(delays, expected, strict=True):
+        assert want * 0.9 - 0.5 <= got <= want + 0.5, (delays, expected)
+    assert row(conn, task_id)["last_error"] == "boom"
+    assert row(conn, task_id)["lease_token"] is None
+
+
+def test_dead_lettered_exactly_at_max_attempts(
+    conn: psycopg.Connection[Any], repo: Repository
+) -> None:
+    reg = registry_of("doomed")
+    task_id = slotd.enqueue(conn, "doomed", max_attempts=3)
+    for attempt in range(1, 4):
+        conn.execute("UPDATE slotd_tasks SET run_at = now() WHERE id = %s", (task_id,))
+        claimed = claim_one(repo, reg)
+        assert claimed.attempt == attempt
+        failure = repo.record_failure(task_id, claimed.token, f"boom {attempt}")
+        assert failure.dead == (attempt == 3)
+    conn.execute("UPDATE slotd_tasks SET run_at = now() WHERE id = %s", (task_id,))
+    assert repo.discover(reg.types) == []
+    gauges = repo.gauges()
+    assert gauges["dead"] == {"doomed": 1}
+    assert gauges["pending"] == {}
+
+
+def test_final_attempt_under_live_lease_is_pending_not_dead(
+    conn: psycopg.Connection[Any], repo: Repository
+) -> None:
+    reg = registry_of("last")
+    slotd.enqueue(conn, "last", max_attempts=1)
+    claim_one(repo, reg)
+    gauges = repo.gauges()
+    assert gauges["pending"] == {"last": 1}
+    assert gauges["running"] == {"last": 1}
+    assert gauges["dead"] == {}
+    conn.execute("UPDATE slotd_tasks SET last_attempted_at = now() - interval '30 days'")
+    assert repo.prune_dead(timedelta(days=7)) == 0
+
+
+def test_advance_cursor_resets_attempts_and_frees_the_row_atomically(
+    conn: psycopg.Connection[Any], repo: Repository
+) -> None:
+    reg = registry_of("sliced")
+    task_id = slotd.enqueue(conn, "sliced", {"cursor": 0})
+    for _ in range(2):
+        conn.execute("UPDATE slotd_tasks SET run_at = now() WHERE id = %s", (task_id,))
+        claimed = claim_one(repo, reg)
+        repo.record_failure(task_id, claimed.token, "page read failed")
+    conn.execute("UPDATE slotd_tasks SET run_at = now() WHERE id = %s", (task_id,))
+    claimed = claim_one(repo, reg)
+    assert claimed.attempt == 3
+    assert repo.advance_cursor(task_id, claimed.token, {"cursor": 100}) is True
+    after = row(conn, task_id)
+    assert after["payload"] == {"cursor": 100}
+    assert after["attempt_count"] == 0
+    assert after["lease_token"] is None and after["lease_expires_at"] is None
+    assert after["last_error"] is None
+    assert repo.discover(reg.types) == [task_id]
+    # The slice that advanced no longer owns the row: a second advance is refused.
+    assert repo.advance_cursor(task_id, claimed.token, {"cursor": 200}) is False
+
+
+def test_release_stamps_last_error_only_on_the_final_attempt(
+    conn: psycopg.Connection[Any], repo: Repository
+) -> None:
+    reg = registry_of("rolled")
+    early = slotd.enqueue(conn, "rolled", key="early")
+    claimed = claim_one(repo, reg)
+    assert repo.release(claimed.id, claimed.token, "shutdown") is True
+    assert row(conn, early)["last_error"] is None
+    assert row(conn, early)["attempt_count"] == 1  # a rollout does not refund the attempt
+    conn.execute("DELETE FROM slotd_tasks")
+    last = slotd.enqueue(conn, "rolled", max_attempts=1)
+    claimed = claim_one(repo, reg)
+    repo.release(claimed.id, claimed.token, "released at shutdown on its final attempt")
+    assert row(conn, last)["last_error"] == "released at shutdown on its final attempt"
+    assert repo.gauges()["dead"] == {"rolled": 1}
+
+
+def test_retention_prunes_only_dead_rows_past_the_window(
+    conn: psycopg.Connection[Any], repo: Repository
+) -> None:
+    reg = registry_of("old")
+    old_dead = slotd.enqueue(conn, "old", max_attempts=1)
+    claimed = claim_one(repo, reg)
+    repo.record_failure(old_dead, claimed.token, "x")
+    young_dead = slotd.enqueue(conn, "old", max_attempts=1)
+    claimed = claim_one(repo, reg)
+    repo.record_failure(young_dead, claimed.token, "x")
+    pending_old = slotd.enqueue(conn, "old")
+    conn.execute(
+        "UPDATE slotd_tasks SET last_attempted_at = now() - interval '8 days' WHERE id IN (%s, %s)",
+        (old_dead, pending_old),
+    )
+    assert repo.prune_dead(timedelta(days=7)) == 1
+    assert row(conn, old_dead) is None
+    assert row(conn, young_dead) is not None
+    assert row(conn, pending_old) is not None
+
+
+def test_dedupe_key_returns_live_row_and_ignores_dead_letters(
+    conn: psycopg.Connection[Any], repo: Repository
+) -> None:
+    reg = registry_of("audit")
+    first = slotd.enqueue(conn, "audit", {"org": 1}, key="org:1")
+    assert slotd.enqueue(conn, "audit", {"org": 1}, key="org:1") == first
+    assert slotd.enqueue(conn, "audit", {"org": 2}, key="org:2") != first
+    same_batch = slotd.enqueue_many(
+        conn, [("audit", {}, None, "org:3"), ("audit", {}, None, "org:3")]
+    )
+    assert same_batch[0] == same_batch[1]
+    conn.execute("DELETE FROM slotd_tasks WHERE key <> 'org:1'")
+    conn.execute("UPDATE slotd_tasks SET max_attempts = 1")
+    claimed = claim_one(repo, reg)
+    repo.record_failure(claimed.id, claimed.token, "dead now")
+    fresh = slotd.enqueue(conn, "audit", {"org": 1}, key="org:1")
+    assert fresh != first
+
+
+def test_concurrent_enqueue_of_one_key_yields_one_row(db_url: str) -> None:
+    with psycopg.connect(db_url) as a, psycopg.connect(db_url) as b:
+        first = slotd.enqueue(a, "audit", key="org:9")
+        import threading
+
+        result: list[int] = []
+        t = threading.Thread(target=lambda: result.append(slotd.enqueue(b, "audit", key="org:9")))
+        t.start()
+        a.commit()
+        t.join(10)
+        b.commit()
+        assert result == [first]
+
+
+@pytest.mark.parametrize(
+    "args, error",
+    [
+        (("Bad Type", {}), ValueError),
+        (("plain", {"when": object()}), TypeError),
+        (("plain", ["not", "an", "object"]), TypeError),
+        (("plain", {"nan": float("nan")}), TypeError),
+    ],
+)
+def test_bad_input_raises_before_any_write_and_keeps_the_transaction(
+    db_url: str, args: tuple[Any, ...], error: type[Exception]
+) -> None:
+    with psycopg.connect(db_url) as conn:
+        conn.execute("CREATE TEMP TABLE business (v int)")
+        conn.execute("INSERT INTO business VALUES (1)")
+        with pytest.raises(error):
+            slotd.enqueue(conn, *args)
+        assert conn.execute("SELECT count(*) FROM business").fetchone() == (1,)
+        assert conn.execute("SELECT count(*) FROM slotd_tasks").fetchone() == (0,)
+
+
+def test_discovery_sees_only_this_replicas_types_oldest_first(
+    conn: psycopg.Connection[Any], repo: Repository
+) -> None:
+    other = slotd.enqueue(conn, "other")
+    later = slotd.enqueue(conn, "mine")
+    earlier = slotd.enqueue(conn, "mine")
+    conn.execute(
+        "UPDATE slotd_tasks SET run_at = now() - interval '1 hour' WHERE id = %s", (earlier,)
+    )
+    future = slotd.enqueue(conn, "mine", delay=timedelta(hours=1))
+    found = repo.discover(["mine"])
+    assert found == [earlier, later]
+    assert other not in found and future not in found
+
+
+def test_write_lane_statements_are_bounded(conn: psycopg.Connection[Any], db_url: str) -> None:
+    reg = registry_of("plain")
+    slotd.enqueue(conn, "plain")
+    with psycopg.connect(db_url, autocommit=True) as write:
+        repo = Repository(write, lock_timeout=timedelta(milliseconds=200))
+        ids = repo.discover(reg.types)
+        with psycopg.connect(db_url) as locker:
+            locker.execute("SELECT * FROM slotd_tasks FOR UPDATE")
+            # SKIP LOCKED passes over the locked row rather than waiting on it...
+            assert repo.claim(ids, reg) is None
+            # ...and a fenced write that must wait gives up at the lock timeout.
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                repo.dequeue(ids[0], None)
+        # The bound is SET LOCAL: the session itself is left untouched.
+        assert write.execute("SHOW lock_timeout").fetchone() == ("0",)
