@@ -57,3 +57,21 @@ def migrate(ctx: click.Context) -> None:
     with db.connect(db.primary_url(settings), role="slotd migrate") as conn:
         applied = run_migrations(conn)
     click.echo(f"applied {', '.join(applied)}" if applied else "schema up to date")
+
+
+def _register_commands() -> None:
+    # Each command family lives in its own module under slotd/commands and exposes
+    # register(group); the families that are not installed yet are simply absent.
+    import importlib
+
+    for name in ("run", "ops", "embedded", "examples"):
+        try:
+            module = importlib.import_module(f"slotd.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"slotd.commands.{name}":
+                continue
+            raise
+        module.register(main)
+
+
+_register_commands()

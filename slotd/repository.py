@@ -38,7 +38,10 @@ def sql_dir() -> Path:
 
 @cache
 def statements() -> dict[str, str]:
-    text = (sql_dir() / "queries.sql").read_text()
+    """queries.sql, plus queries_*.sql for optional integrations (slotd.contrib)."""
+    folder = sql_dir()
+    files = [folder / "queries.sql", *sorted(folder.glob("queries_*.sql"))]
+    text = "\n".join(path.read_text() for path in files)
     blocks: dict[str, dict[str, str]] = {"name": {}, "predicate": {}}
     marks = list(_BLOCK.finditer(text))
     for mark, nxt in zip(marks, [*marks[1:], None], strict=True):
@@ -402,6 +405,12 @@ class Repository:
 
     def expire_leases(self) -> int:
         return self.write.execute(_sql("expire_leases")).rowcount
+
+
+def execute(target: Executor, name: str, params: Mapping[str, Any] | None = None) -> Any:
+    """Run a named statement from sql/ and return the cursor: for integrations whose
+    statements live in sql/queries_*.sql."""
+    return target.execute(_sql(name), params)
 
 
 def listen(conn: psycopg.Connection[Any]) -> None:
