@@ -373,10 +373,10 @@ class Repository:
             if pruned < batch:
                 return total
 
-    def try_maintenance(self) -> bool:
-        """True on the one replica that wins this hour's maintenance; a transaction-scoped
-        lock, so the caller does the work inside `maintenance_window`."""
-        return bool(self.write.execute(_sql("try_maintenance_lock")).fetchone()[0])  # type: ignore[index]
+    def elect_chore(self, chore: str, period: timedelta) -> bool:
+        """True on the one replica that runs `chore` this period (e.g. hourly retention)."""
+        params = {"chore": chore, "period_s": period.total_seconds() * 0.95}
+        return self.write.execute(_sql("elect_chore"), params).fetchone() is not None
 
     def heartbeat(
         self, replica_id: str, hostname: str, pid: int, slots: int, task_types: list[str]

@@ -59,3 +59,10 @@ CREATE TABLE slotd_replicas (
     started_at  timestamptz NOT NULL DEFAULT now(),
     seen_at     timestamptz NOT NULL DEFAULT now()
 );
+
+-- Fleet-wide chores (hourly retention) are elected by a row, not a session lock, so the
+-- election also works behind a transaction-mode pooler and needs nothing held open.
+CREATE TABLE slotd_maintenance (
+    chore       text        PRIMARY KEY,
+    last_run_at timestamptz NOT NULL
+);

@@ -219,9 +219,12 @@ FROM slotd_replicas
 WHERE seen_at >= now() - interval '1 minute'
 ORDER BY hostname, pid
 
--- name: try_maintenance_lock
--- Transaction-scoped, so it is released with the transaction even behind a pooler.
-SELECT pg_try_advisory_xact_lock(hashtext('slotd.maintenance'))
+-- name: elect_chore
+-- Returns a row on exactly one replica per period: the first to arrive after it elapsed.
+INSERT INTO slotd_maintenance AS m (chore, last_run_at) VALUES (%(chore)s, now())
+ON CONFLICT (chore) DO UPDATE SET last_run_at = now()
+WHERE m.last_run_at <= now() - make_interval(secs => %(period_s)s)
+RETURNING m.last_run_at
 
 -- name: migrate_lock
 SELECT pg_advisory_lock(hashtext('slotd.migrate'))
