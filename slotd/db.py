@@ -7,6 +7,7 @@ from typing import Any
 
 import psycopg
 
+from slotd import proc
 from slotd.config import Settings
 from slotd.errors import ConfigError
 
@@ -54,4 +55,4 @@ def connect(url: str, *, role: str = "slotd", **kwargs: Any) -> psycopg.Connecti
         "keepalives_count": 3,
     }
     params.update(kwargs)
-    return psycopg.connect(url, **params)
+    return proc.track(psycopg.connect(url, **params))

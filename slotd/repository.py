@@ -406,11 +406,24 @@ class Repository:
     def expire_leases(self) -> int:
         return self.write.execute(_sql("expire_leases")).rowcount
 
+    # ops
+
+    def oldest_due_by_type(self) -> dict[str, float]:
+        """Seconds the oldest claimable task of each type has been due (types with none
+        are absent)."""
+        rows = self.read.execute(_sql("oldest_due_by_type")).fetchall()
+        return {task_type: float(seconds) for task_type, seconds in rows}
+
 
 def execute(target: Executor, name: str, params: Mapping[str, Any] | None = None) -> Any:
     """Run a named statement from sql/ and return the cursor: for integrations whose
     statements live in sql/queries_*.sql."""
     return target.execute(_sql(name), params)
+
+
+def schema_present(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute(_sql("schema_present")).fetchone()
+    return bool(row and row[0])
 
 
 def listen(conn: psycopg.Connection[Any]) -> None:

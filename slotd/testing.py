@@ -1,1 +1,591 @@
-"""slotd's pytest plugin: test modes for application handlers (see issue 6)."""
+"""slotd's pytest plugin: test your handlers against your own PostgreSQL test database.
+
+Installed with slotd and registered by entry point, it starts nothing (no server, no
+connection, no thread) until a test asks for one of its fixtures. Every mode runs handlers
+through ``slotd.processor.process`` -- the claim, the deadline, ``execute`` and the fenced
+``settle`` the daemon uses -- so a test cannot pass on a path production never takes.
+
+You provide two fixtures
+------------------------
+``slotd_conn``
+    a psycopg 3 connection to a database migrated with ``slotd migrate`` (or
+    ``slotd.repository.migrate(conn)``). It may be autocommit, or sit inside the test's
+    own transaction (non-autocommit, rolled back after the test): slotd never commits it.
+``slotd_registry``
+    your ``slotd.Registry``.
+
+Example ``conftest.py``::
+
+    import os
+
+    import psycopg
+    import pytest
+
+    from slotd.repository import migrate
+    from myapp.tasks import registry
+
+    URL = os.environ.get("TEST_DATABASE_URL", "postgresql:///myapp_test")
+
+
+    @pytest.fixture(scope="session")
+    def _slotd_schema() -> None:
+        with psycopg.connect(URL, autocommit=True) as conn:
+            migrate(conn)
+
+
+    @pytest.fixture
+    def slotd_conn(_slotd_schema):
+        # One transaction per test, rolled back at the end: tasks enqueued by the test
+        # never leak into the next one, and nothing is ever committed.
+        with psycopg.connect(URL) as conn, conn.transaction(force_rollback=True):
+            yield conn
+
+
+    @pytest.fixture
+    def slotd_registry():
+        return registry
+
+No database at hand? Request ``slotd_postgres`` (session-scoped) and it starts a
+throwaway PostgreSQL from the host's server binaries, with a migrated template::
+
+    @pytest.fixture
+    def slotd_conn(slotd_postgres):
+        with psycopg.connect(slotd_postgres.new_database()) as conn:
+            yield conn
+
+Eager mode
+----------
+``slotd_eager`` (or ``with slotd.testing.eager(registry, conn):``): ``slotd.enqueue`` writes
+the row and then claims, runs and settles it inline before returning. A sliced handler
+runs slice after slice until it is done. What the daemon would not run now is not run
+either: a delayed task (``delay=``), a task type the registry lacks, a key that matched a
+live row waiting out its backoff -- those stay pending. A failing handler is settled as a
+failure (backoff) and ``enqueue`` returns normally, unless ``propagate=True`` makes it
+raise ``TaskFailed``. ``eager.settlements`` lists ``(task, settlement)`` for each run.
+
+Manual mode
+-----------
+``task_queue`` is a ``ManualQueue``: enqueues are real rows in your transaction, and the
+test drives delivery in its own thread and on its own connection::
+
+    def test_signup_sends_welcome(task_queue, slotd_conn):
+        with task_queue.capture() as ids:
+            signup(slotd_conn, "ada@example.com")       # calls slotd.enqueue(...)
+        assert [t.type for t in task_queue.pending()] == ["send_welcome"]
+
+        task_queue.fail_next(TimeoutError("smtp"))      # the first attempt fails...
+        assert task_queue.deliver_next().outcome is Outcome.FAILURE
+        assert task_queue.deliver_all() == []           # ...and backs off
+        task_queue.advance_time(timedelta(minutes=1))   # the backoff elapses
+        assert [s.outcome for s in task_queue.deliver_all()] == [Outcome.SUCCESS]
+
+        task_queue.redeliver_last()                     # at-least-once: run it again
+        assert outbox.count("ada@example.com") == 1     # the handler is idempotent
+
+Verbs: ``capture()``, ``deliver_next()``, ``deliver_all(limit)``, ``redeliver_last()``,
+``fail_next(exc)``, ``drop_next()``, ``expire_leases()``, ``advance_time(delta)``; views:
+``pending()``, ``running()``, ``dead()``, ``history``.
+
+Time inside a transaction
+-------------------------
+PostgreSQL's ``now()`` is the start of the current transaction, so on a transactional
+``slotd_conn`` the queue's clock stands still for the whole test. Consequences, all
+deliberate:
+
+- Nothing becomes due by waiting: a delay, a backoff and a lease end only when the test
+  says so, with ``advance_time`` (moves the rows' run_at / lease_expires_at /
+  last_attempted_at back; the clock itself cannot move) or ``expire_leases``. On an
+  autocommit connection the clock runs, but backoffs (15 s and up) and leases (the
+  ceiling plus 30 s) are far longer than a test, so the same calls are needed there too:
+  tests read the same in both.
+- A lease stamped at claim is ``now() + ceiling + margin`` with a ``now()`` that may be
+  long past. The handler's deadline is therefore re-based on the local clock at the
+  moment of delivery (same length: the ceiling), so a handler is never refused as "past
+  its deadline" because the test's transaction is old. Fencing is by lease token, never
+  by time, so settlement is unaffected.
+- Every task enqueued in one transaction has the same run_at; delivery order among them
+  is by id, i.e. enqueue order.
+- The queue's writes are savepoints inside your transaction; their ``SET LOCAL``
+  statement and lock timeouts (30 s / 5 s) stay in force for the rest of it.
+- ``advance_time`` and ``expire_leases`` act on every row of slotd_tasks, not only the
+  test's: on a database shared by tests that commit, give each test its own database or
+  its own transaction.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import logging
+import shutil
+import tempfile
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from slotd import outcome as kinds
+from slotd.config import Settings
+from slotd.localpg import LocalPostgres
+from slotd.outcome import Outcome
+from slotd.processor import Result, Settlement, execute, process
+from slotd.registry import Registry
+from slotd.repository import Claimed, Executor, Repository, migrate
+from slotd.task import Context, Task
+
+__all__ = [
+    "Eager",
+    "ManualQueue",
+    "TaskFailed",
+    "ThrowawayPostgres",
+    "eager",
+]
+
+log = logging.getLogger("slotd.testing")
+
+# The module, not the function of the same name that slotd/__init__ re-exports over it.
+_enqueue_module = importlib.import_module("slotd.enqueue")
+
+# Read-only views for assertions. They belong with the other statements in
+# sql/queries.sql; they are here until the repository grows them, and never write.
+_LIVE_ROWS = """
+SELECT t.id, t.task_type, t.payload, t.attempt_count, t.key, t.run_at
+FROM slotd_tasks t
+WHERE (t.attempt_count < t.max_attempts
+       OR (t.lease_expires_at IS NOT NULL AND t.lease_expires_at > now()))
+  AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
+  AND (NOT %(leased_only)s OR (t.lease_token IS NOT NULL AND t.lease_expires_at > now()))
+ORDER BY t.run_at, t.id
+"""
+_ROW_LEASE = """
+SELECT t.lease_token, (t.lease_expires_at IS NOT NULL AND t.lease_expires_at > now())
+FROM slotd_tasks t WHERE t.id = %(id)s
+"""
+
+
+class TaskFailed(AssertionError):
+    """Eager mode with propagate=True: a handler run inline did not succeed."""
+
+
+def _connection(target: Executor) -> psycopg.Connection[Any]:
+    return target.connection if isinstance(target, psycopg.Cursor) else target
+
+
+def _rebased(claimed: Claimed) -> Claimed:
+    """The claim with its lease end moved onto the local clock, same length. Under a
+    frozen transaction clock the stamp can lie in the past; see "Time inside a
+    transaction" above. Only the deadline reads it: settlement is fenced by token."""
+    length = claimed.lease_expires_at - claimed.claimed_at
+    return replace(claimed, lease_expires_at=datetime.now(UTC) + length)
+
+
+def _outcome_of(result: Result) -> Outcome:
+    """How settle would classify `result`, for a run that has nothing to settle."""
+    if result.kind == kinds.DONE:
+        return Outcome.SUCCESS
+    if result.kind == kinds.CONTINUE:
+        return Outcome.TIMEOUT if result.past_deadline else Outcome.CONTINUED
+    if result.kind == kinds.SHUTDOWN:
+        return Outcome.CANCELLED
+    return Outcome.TIMEOUT if result.past_deadline else Outcome.FAILURE
+
+
+# enqueue hooks: eager mode and capture() both listen to slotd.enqueue, and may nest in
+# either order, so they share one dispatcher instead of overwriting each other.
+
+_hooks: list[Callable[[Executor, list[int]], None]] = []
+_foreign_hook: Any = None
+
+
+def _dispatch(target: Executor, ids: list[int]) -> None:
+    for hook in list(_hooks):
+        hook(target, ids)
+    if _foreign_hook is not None:
+        _foreign_hook(target, ids)
+
+
+@contextmanager
+def _hooked(hook: Callable[[Executor, list[int]], None], *, first: bool = False) -> Iterator[None]:
+    global _foreign_hook
+    if not _hooks and _enqueue_module._hook not in (None, _dispatch):
+        _foreign_hook = _enqueue_module._hook  # someone else's hook keeps working
+    # Recorders go first so that a capture() sees an id before eager mode runs its task
+    # (which may enqueue more).
+    _hooks.insert(0, hook) if first else _hooks.append(hook)
+    _enqueue_module._hook = _dispatch
+    try:
+        yield
+    finally:
+        _hooks.remove(hook)
+        if not _hooks:
+            _enqueue_module._hook = _foreign_hook
+            _foreign_hook = None
+
+
+# eager mode
+
+
+class Eager:
+    """Runs each task enqueued under it inline; see the module docstring."""
+
+    max_slices = 10_000  # a sliced handler that never finishes must not hang the test
+
+    def __init__(self, registry: Registry, repo: Repository, *, propagate: bool = False) -> None:
+        self.registry = registry
+        self.repo = repo
+        self.propagate = propagate
+        self.settlements: list[tuple[Task, Settlement]] = []
+
+    def _repo_for(self, target: Executor) -> Repository:
+        # The enqueueing connection is the one certain to see its uncommitted row, so
+        # the claim and the settlement go through it, with this repo's settings.
+        conn = _connection(target)
+        if conn is self.repo.write:
+            return self.repo
+        clone = copy.copy(self.repo)
+        clone.write = clone.read = conn
+        return clone
+
+    def __call__(self, target: Executor, ids: list[int]) -> None:
+        repo = self._repo_for(target)
+        for task_id in dict.fromkeys(ids):  # a batch can name one live row twice (keys)
+            self._run(repo, task_id)
+
+    def _run(self, repo: Repository, task_id: int) -> None:
+        for _ in range(self.max_slices):
+            claimed = repo.claim([task_id], self.registry)
+            if claimed is None:
+                return  # delayed, backing off, unregistered type, or already run
+            settlement = process(repo, self.registry, _rebased(claimed))
+            task = claimed.task()
+            self.settlements.append((task, settlement))
+            if settlement.outcome is Outcome.CONTINUED:
+                continue  # the daemon would claim the next slice at once; so do we
+            if self.propagate and settlement.outcome is not Outcome.SUCCESS:
+                raise TaskFailed(
+                    f"task {task.type}#{task.id} attempt {task.attempt}: {settlement.outcome}"
+                    f"{' (dead letter)' if settlement.dead else ''}"
+                )
+            return
+        raise TaskFailed(f"task {task_id}: still continuing after {self.max_slices} slices")
+
+
+@contextmanager
+def eager(
+    registry: Registry,
+    repo_or_conn: Repository | Executor,
+    *,
+    settings: Settings | None = None,
+    propagate: bool = False,
+) -> Iterator[Eager]:
+    """Within the block, `slotd.enqueue` runs what it enqueued inline before returning.
+    `repo_or_conn` gives the settings (lease margin, backoff) and the connection used when
+    the enqueue's own is the same; an enqueue on another connection is claimed on that
+    one, the only one certain to see the row."""
+    if isinstance(repo_or_conn, Repository):
+        repo = repo_or_conn
+    else:
+        repo = Repository.from_settings(settings or Settings(), _connection(repo_or_conn))
+    runner = Eager(registry, repo, propagate=propagate)
+    with _hooked(runner):
+        yield runner
+
+
+# manual mode
+
+
+def _as_exception(exc: BaseException | type[BaseException] | None) -> BaseException:
+    if exc is None:
+        return RuntimeError("failure injected by task_queue.fail_next()")
+    return exc() if isinstance(exc, type) else exc
+
+
+class ManualQueue:
+    """Delivery driven by the test, on the test's own connection and transaction.
+
+    Nothing runs unless a verb says so; every verb that runs a handler goes through
+    `slotd.processor.process`, and every write is one the daemon would make."""
+
+    def __init__(
+        self,
+        conn: Executor,
+        registry: Registry,
+        settings: Settings | None = None,
+    ) -> None:
+        self.conn = _connection(conn)
+        self.registry = registry
+        self.settings = settings or Settings()
+        self.repo = Repository.from_settings(self.settings, self.conn)
+        self.history: list[tuple[Task, Settlement]] = []
+        self._failures: deque[BaseException] = deque()
+        self._last: Claimed | None = None
+        self._last_dropped = False
+
+    # capture
+
+    @contextmanager
+    def capture(self) -> Iterator[list[int]]:
+        """Record the ids of tasks enqueued (through slotd.enqueue / enqueue_many, on any
+        connection) inside the block. The rows are really written; the list fills as
+        enqueues happen. An enqueue whose key matched a live row records that row's id."""
+        ids: list[int] = []
+
+        def record(_target: Executor, new: list[int]) -> None:
+            ids.extend(i for i in new if i not in ids)
+
+        with _hooked(record, first=True):
+            yield ids
+
+    # delivery
+
+    def _begin(self) -> None:
+        # On a non-autocommit connection with no transaction open, the repository's
+        # `with conn.transaction()` would BEGIN ... COMMIT. Opening the transaction first
+        # turns every queue write into a savepoint, so slotd never commits for the test.
+        if (
+            not self.conn.autocommit
+            and self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        ):
+            self.conn.execute("SELECT 1")
+
+    def _claim_next(self) -> Claimed | None:
+        self._begin()
+        ids = self.repo.discover(self.registry.types, limit=1)
+        return self.repo.claim(ids, self.registry) if ids else None
+
+    def _before(self) -> Callable[[], None] | None:
+        if not self._failures:
+            return None
+        exc = self._failures.popleft()
+
+        def fail() -> None:
+            raise exc
+
+        return fail
+
+    def _run(self, claimed: Claimed) -> Settlement:
+        self._last, self._last_dropped = claimed, False
+        settlement = process(self.repo, self.registry, _rebased(claimed), before=self._before())
+        self.history.append((claimed.task(), settlement))
+        return settlement
+
+    def deliver_next(self) -> Settlement | None:
+        """Claim the first due task (by run_at, then id), run it and settle it; None when
+        nothing is due. A pending fail_next() applies to this delivery."""
+        claimed = self._claim_next()
+        return self._run(claimed) if claimed is not None else None
+
+    def deliver_all(self, limit: int = 1000) -> list[Settlement]:
+        """deliver_next() until nothing is due. What a delivery makes due again (a sliced
+        task that continued) is delivered too; what it defers (a backoff) is not."""
+        settlements: list[Settlement] = []
+        while len(settlements) < limit:
+            settled = self.deliver_next()
+            if settled is None:
+                break
+            settlements.append(settled)
+        return settlements
+
+    def fail_next(self, exc: BaseException | type[BaseException] | None = None) -> None:
+        """The next delivery that runs a handler raises `exc` in its place (the handler is
+        not called), and is settled as a failure by the same settle path: backoff, or a
+        dead letter on the final attempt. Calls queue up: two arm the next two."""
+        self._failures.append(_as_exception(exc))
+
+    def drop_next(self) -> Task | None:
+        """The worker vanished: the first due task is claimed -- attempt counted, lease
+        taken -- and then nothing happens. The handler is not run and nothing is settled;
+        the row stays leased until expire_leases() or advance_time() past the lease (the
+        ceiling plus the margin), after which deliver_next() redelivers it. On its final
+        attempt it becomes a dead letter when the lease lapses."""
+        claimed = self._claim_next()
+        if claimed is None:
+            return None
+        self._last, self._last_dropped = claimed, True
+        return claimed.task()
+
+    def redeliver_last(self) -> Settlement:
+        """At-least-once: the last delivery (or drop) happens again -- its handler runs
+        once more with the task exactly as it was delivered (same id and payload, the
+        attempt one higher).
+
+        - The row still exists and the queue would hand it out now (due, not leased:
+          e.g. a sliced task that continued) -- or it was dropped, whose lease is made to
+          lapse first: the duplicate claims it with a fresh lease and is settled
+          normally (attempt counted, success deletes, failure backs off).
+        - Otherwise (the usual case: it succeeded and the row is gone; or it is backing
+          off, or dead): the duplicate runs as a late worker without a lease. Nothing is
+          written -- a cursor advance is refused with LeaseLost, as a late worker's is --
+          and the returned settlement says what the handler did."""
+        last = self._last
+        if last is None:
+            raise RuntimeError("redeliver_last(): nothing has been delivered yet")
+        self._begin()
+        row = self.conn.execute(_ROW_LEASE, {"id": last.id}).fetchone()
+        if row is not None and self._last_dropped and row[0] == last.token and row[1]:
+            # Lapse only the dropped lease, by its own token: other leases keep theirs.
+            self.repo.release(last.id, last.token, "lease lapsed (task_queue.redeliver_last)")
+        claimed = self.repo.claim([last.id], self.registry) if row is not None else None
+        if claimed is not None:
+            return self._run(replace(claimed, payload=last.payload))
+        return self._run_late(last)
+
+    def _run_late(self, last: Claimed) -> Settlement:
+        handler = self.registry.get(last.task_type)
+        assert handler is not None  # it was delivered, so its type is registered
+        duplicate = replace(last, attempt=last.attempt + 1)
+        deadline = datetime.now(UTC) + handler.ceiling
+        ctx = Context(
+            duplicate.task(),
+            deadline,
+            # Fenced on the old token like any late worker's write: refused unless the
+            # row is somehow still under that lease.
+            lambda payload: self.repo.advance_cursor(last.id, last.token, payload),
+        )
+        result = execute(handler, ctx, self._before())
+        settlement = Settlement(_outcome_of(result), False, result.duration)
+        log.info(
+            "task %s#%s duplicate delivery without a lease: %s (nothing written)",
+            last.task_type,
+            last.id,
+            settlement.outcome,
+        )
+        self._last, self._last_dropped = duplicate, False
+        self.history.append((duplicate.task(), settlement))
+        return settlement
+
+    # time
+
+    def expire_leases(self) -> int:
+        """End every live lease now, as if their holders' time ran out; returns how many."""
+        self._begin()
+        return self.repo.expire_leases()
+
+    def advance_time(self, delta: timedelta | float) -> None:
+        """Let `delta` (a timedelta or seconds) pass for the queue: delays, backoffs and
+        leases that end within it are over. The rows move back in time, not the clock."""
+        seconds = delta.total_seconds() if isinstance(delta, timedelta) else float(delta)
+        if seconds < 0:
+            raise ValueError("advance_time(): time only moves forward")
+        self._begin()
+        self.repo.shift_time(seconds)
+
+    # views
+
+    def _tasks(self, task_type: str | None, leased_only: bool) -> list[Task]:
+        self._begin()
+        rows = self.conn.execute(
+            _LIVE_ROWS, {"task_type": task_type, "leased_only": leased_only}
+        ).fetchall()
+        return [Task(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
+
+    def pending(self, task_type: str | None = None) -> list[Task]:
+        """Every task still owed a run: due, delayed, backing off or leased; not dead.
+        `attempt` is the attempts made so far."""
+        return self._tasks(task_type, leased_only=False)
+
+    def running(self, task_type: str | None = None) -> list[Task]:
+        """Tasks under a live lease (in a manual queue: the dropped ones)."""
+        return self._tasks(task_type, leased_only=True)
+
+    def dead(self, task_type: str | None = None) -> list[dict[str, Any]]:
+        """Dead letters, newest first, as `slotd dead list` shows them."""
+        self._begin()
+        return self.repo.dead_list(task_type, limit=100_000)
+
+    @property
+    def last_task(self) -> Task | None:
+        """The task the last delivery (or drop, or redelivery) handed out."""
+        return self._last.task() if self._last is not None else None
+
+
+# a throwaway server, for users without a test database
+
+
+@dataclass
+class ThrowawayPostgres:
+    """A private PostgreSQL for the test session, with a migrated template database."""
+
+    server: LocalPostgres
+    url: str  # a migrated database shared by the session
+    _count: int = 0
+
+    def new_database(self) -> str:
+        """A fresh migrated database (a copy of the template: milliseconds), its URL."""
+        self._count += 1
+        name = f"slotd_test_{self._count}"
+        with psycopg.connect(self.server.url(), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name} TEMPLATE slotd_template")  # type: ignore[arg-type]
+        return str(self.server.url(name))
+
+
+@contextmanager
+def throwaway_postgres() -> Iterator[ThrowawayPostgres]:
+    root = Path(tempfile.mkdtemp(prefix="slotd-pytest-"))
+    root.chmod(0o711)  # as root the server runs as another user, who must pass through
+    server = LocalPostgres(root=root / "pg", socket_dir=root / "sock", fast=True)
+    try:
+        server.start()
+        with psycopg.connect(server.url(), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE slotd_template")
+        with psycopg.connect(server.url("slotd_template"), autocommit=True) as conn:
+            migrate(conn)
+        pg = ThrowawayPostgres(server, "")
+        pg.url = pg.new_database()
+        yield pg
+    finally:
+        server.stop("immediate")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# fixtures
+
+_PROVIDE = (
+    "slotd's pytest plugin needs a `{name}` fixture from your conftest.py: {what}. "
+    "See the docstring of slotd.testing for an example."
+)
+
+
+@pytest.fixture
+def slotd_conn() -> psycopg.Connection[Any]:
+    """Override in your conftest: a psycopg 3 connection to a migrated database."""
+    pytest.fail(
+        _PROVIDE.format(
+            name="slotd_conn",
+            what="a psycopg 3 connection to a database migrated with `slotd migrate` "
+            "(or request `slotd_postgres` for a throwaway server)",
+        ),
+        pytrace=False,
+    )
+
+
+@pytest.fixture
+def slotd_registry() -> Registry:
+    """Override in your conftest: the slotd.Registry whose handlers the tests run."""
+    pytest.fail(_PROVIDE.format(name="slotd_registry", what="your slotd.Registry"), pytrace=False)
+
+
+@pytest.fixture
+def slotd_eager(slotd_registry: Registry, slotd_conn: psycopg.Connection[Any]) -> Iterator[Eager]:
+    """Eager mode for the test: slotd.enqueue runs the task inline."""
+    with eager(slotd_registry, slotd_conn) as runner:
+        yield runner
+
+
+@pytest.fixture
+def task_queue(slotd_conn: psycopg.Connection[Any], slotd_registry: Registry) -> ManualQueue:
+    """Manual mode: a ManualQueue on the test's connection and transaction."""
+    return ManualQueue(slotd_conn, slotd_registry)
+
+
+@pytest.fixture(scope="session")
+def slotd_postgres() -> Iterator[ThrowawayPostgres]:
+    """Opt-in: a throwaway PostgreSQL for the session (needs the server binaries)."""
+    with throwaway_postgres() as pg:
+        yield pg

@@ -259,3 +259,19 @@ SET run_at = t.run_at - make_interval(secs => %(seconds)s),
 -- name: expire_leases
 UPDATE slotd_tasks t SET lease_expires_at = now() - interval '1 microsecond'
 WHERE t.lease_token IS NOT NULL AND {lease_live}
+
+-- name: oldest_due_by_type
+-- `slotd status` only, never a scrape: per-type wait, the same claimable predicate as the
+-- oldest-due gauge. Reads the due rows of slotd_tasks_due (run_at <= now()) once.
+SELECT t.task_type, extract(epoch FROM now() - min(t.run_at))::float8 AS oldest_due_s
+FROM slotd_tasks t
+WHERE {claimable}
+GROUP BY t.task_type
+
+-- name: schema_present
+SELECT to_regclass('slotd_tasks') IS NOT NULL
+
+-- name: gauges_serial
+-- SET LOCAL for the gauge refresh's transaction: parallel workers would triple the CPU a
+-- background count takes from the primary for no gain in what the scrape reports.
+SELECT set_config('max_parallel_workers_per_gather', '0', true)

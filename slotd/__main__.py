@@ -1,0 +1,3 @@
+from slotd.cli import main
+
+main()

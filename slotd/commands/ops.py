@@ -1,0 +1,354 @@
+"""The operator's commands: status, enqueue, dead letters, cleanup.
+
+Input is validated before the database is touched, so bad usage exits 2 even when the
+database is down. Every write is its own short transaction (the repository's), so a purge
+of a million rows interrupted with Ctrl-C keeps the batches it finished and nothing else."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+import click
+
+from slotd import db
+from slotd.config import Settings, format_duration, parse_duration
+from slotd.enqueue import enqueue as enqueue_task
+from slotd.errors import ConfigError, SlotdError
+from slotd.maintenance import prune
+from slotd.registry import validate_type_name
+from slotd.repository import Repository
+
+RETRY_BATCH = 1000
+PURGE_BATCH = 5000
+
+
+class UnknownIds(SlotdError):
+    """Ids that name no dead letter: exit 1, nothing changed."""
+
+
+@contextmanager
+def _repository(ctx: click.Context, role: str) -> Iterator[Repository]:
+    settings: Settings = ctx.obj
+    url = db.primary_url(settings)
+    with db.connect(url, role=f"slotd {role}") as conn:
+        yield Repository.from_settings(settings, conn)
+
+
+def _duration(value: str | None, name: str) -> timedelta | None:
+    return None if value is None else parse_duration(value, name=name)
+
+
+def _task_type(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return validate_type_name(value)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def _dump(obj: Any) -> str:
+    return json.dumps(obj, default=_json_default, sort_keys=True)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(c) for c in header]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = []
+    for row in cells:
+        # Numbers right-aligned, text left, the last column unpadded.
+        parts = [
+            cell.rjust(widths[i]) if _numeric(cell) and i else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def _numeric(cell: str) -> bool:
+    return cell.replace(".", "", 1).isdigit()
+
+
+def _ago(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    # Whole seconds: a table of "0.0135s ago" reads as noise.
+    return format_duration(max(round(seconds), 0))
+
+
+def _dead_selector(ids: tuple[int, ...], task_type: str | None, all_: bool, verb: str) -> None:
+    chosen = sum((bool(ids), task_type is not None, all_))
+    if chosen != 1:
+        # ConfigError, not click.UsageError: one line on stderr rather than a usage block.
+        raise ConfigError(f"dead {verb}: say which: --id N ..., --type T or --all (just one)")
+
+
+def _check_ids(repo: Repository, ids: Sequence[int]) -> None:
+    found = {row["id"] for row in repo.dead_list(ids=ids, limit=len(ids))}
+    missing = [i for i in ids if i not in found]
+    if missing:
+        listed = ", ".join(str(i) for i in missing)
+        raise UnknownIds(
+            f"no dead letter with id {listed} (never existed, finished, still live, "
+            "or already purged); nothing changed"
+        )
+
+
+# status
+
+
+@click.command("status")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Pending, running and dead tasks per type, the oldest due, and the live replicas."""
+    with _repository(ctx, "status") as repo:
+        gauges = repo.gauges()
+        by_type = repo.oldest_due_by_type()
+        replicas = repo.replicas()
+    types = sorted(set(gauges["pending"]) | set(gauges["running"]) | set(gauges["dead"]))
+    if as_json:
+        report = {
+            **gauges,
+            "oldest_due_by_type": by_type,
+            "replicas": replicas,
+            "slots": sum(r["slots"] for r in replicas),
+        }
+        click.echo(_dump(report))
+        return
+    if types:
+        rows = [
+            (
+                t,
+                gauges["pending"].get(t, 0),
+                gauges["running"].get(t, 0),
+                gauges["dead"].get(t, 0),
+                _ago(by_type.get(t)),
+            )
+            for t in types
+        ]
+        click.echo(_table(("TYPE", "PENDING", "RUNNING", "DEAD", "OLDEST DUE"), rows))
+    else:
+        click.echo("no tasks")
+    click.echo(f"oldest due: {_ago(gauges['oldest_due_seconds']) or '0s'}")
+    slots = sum(r["slots"] for r in replicas)
+    click.echo(f"replicas: {len(replicas)} live, {slots} slots")
+    if replicas:
+        rows = [
+            (
+                r["hostname"],
+                r["pid"],
+                r["slots"],
+                _ago(r["seen_ago_s"]) + " ago",
+                ",".join(r["task_types"]),
+            )
+            for r in replicas
+        ]
+        table = _table(("HOST", "PID", "SLOTS", "SEEN", "TYPES"), rows)
+        click.echo("\n".join("  " + line for line in table.splitlines()))
+
+
+# enqueue
+
+
+@click.command("enqueue")
+@click.argument("task_type", metavar="TYPE")
+@click.argument("payload", metavar="[PAYLOAD_JSON]", required=False)
+@click.option("--delay", help="Due after this long, like 30s, 10m, 1h30m.")
+@click.option("--key", help="Dedupe key: a live task with the same type and key wins.")
+@click.pass_context
+def enqueue(
+    ctx: click.Context, task_type: str, payload: str | None, delay: str | None, key: str | None
+) -> None:
+    """Add one task and commit it; prints its id (or the live task's id with that key)."""
+    name = _task_type(task_type) or task_type
+    body: dict[str, Any] = {}
+    if payload is not None:
+        try:
+            body = json.loads(payload)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"bad payload: not JSON ({exc.msg} at character {exc.pos})") from None
+        if not isinstance(body, dict):
+            raise ConfigError(f"bad payload: a JSON object is required, not {type(body).__name__}")
+        try:
+            # Python's json reads NaN and Infinity; PostgreSQL's jsonb does not.
+            json.dumps(body, allow_nan=False)
+        except ValueError:
+            raise ConfigError("bad payload: NaN and Infinity are not JSON") from None
+    wait = _duration(delay, "--delay")
+    settings: Settings = ctx.obj
+    with _repository(ctx, "enqueue") as repo, repo.write.transaction():
+        task_id = enqueue_task(
+            repo.write, name, body, delay=wait, key=key, max_attempts=settings.max_attempts
+        )
+    click.echo(str(task_id))
+
+
+# dead letters
+
+
+@click.group("dead")
+def dead() -> None:
+    """Dead letters: tasks out of attempts, kept for debugging until retention."""
+
+
+@dead.command("list")
+@click.option("--type", "task_type", help="Only this task type.")
+@click.option("--id", "ids", type=int, multiple=True, help="Only these ids (repeatable).")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="A JSON array, for scripts.")
+@click.pass_context
+def dead_list(
+    ctx: click.Context, task_type: str | None, ids: tuple[int, ...], limit: int, as_json: bool
+) -> None:
+    """The most recent dead letters first."""
+    name = _task_type(task_type)
+    with _repository(ctx, "dead list") as repo:
+        rows = repo.dead_list(task_type=name, ids=list(ids) or None, limit=limit)
+        total = repo.dead_count(task_type=name, ids=list(ids) or None)
+    if as_json:
+        click.echo(_dump(rows))
+    elif rows:
+        table = [
+            (
+                r["id"],
+                r["task_type"],
+                r["attempt_count"],
+                r["last_attempted_at"].isoformat(timespec="seconds")
+                if r["last_attempted_at"]
+                else None,
+                r["key"],
+                _one_line(r["last_error"]),
+            )
+            for r in rows
+        ]
+        click.echo(_table(("ID", "TYPE", "ATTEMPTS", "LAST ATTEMPT", "KEY", "LAST ERROR"), table))
+        if total > len(rows):
+            click.echo(f"({len(rows)} of {total}; --limit shows more)")
+    else:
+        click.echo("no dead letters")
+    found = {r["id"] for r in rows}
+    missing = [i for i in ids if i not in found]
+    if missing and len(rows) < limit:
+        click.echo(f"slotd: no dead letter with id {', '.join(map(str, missing))}", err=True)
+        sys.exit(1)
+
+
+def _one_line(text: str | None, width: int = 80) -> str | None:
+    if not text:
+        return None
+    line = text.strip().splitlines()[-1] if text.strip() else ""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+@dead.command("retry")
+@click.option("--id", "ids", type=int, multiple=True, help="These ids (repeatable).")
+@click.option("--type", "task_type", help="Every dead letter of this type.")
+@click.option("--all", "all_", is_flag=True, help="Every dead letter.")
+@click.pass_context
+def dead_retry(ctx: click.Context, ids: tuple[int, ...], task_type: str | None, all_: bool) -> None:
+    """Make dead letters due now with their attempts reset."""
+    _dead_selector(ids, task_type, all_, "retry")
+    name = _task_type(task_type)
+    id_list = list(ids) or None
+    with _repository(ctx, "dead retry") as repo:
+        if id_list:
+            _check_ids(repo, id_list)
+        retried = 0
+        while True:
+            batch = repo.dead_retry_batch(task_type=name, ids=id_list, batch=RETRY_BATCH)
+            retried += len(batch)
+            if not batch:
+                break
+        # The statement leaves a keyed dead letter alone when a live task has its key:
+        # reviving it would duplicate that work (and break the dedupe index).
+        stuck = repo.dead_count(task_type=name, ids=id_list)
+    click.echo(f"retried {retried} dead letter{'s' if retried != 1 else ''}")
+    if stuck:
+        click.echo(f"{stuck} left dead: a live task with the same key already exists", err=True)
+
+
+@dead.command("purge")
+@click.option("--id", "ids", type=int, multiple=True, help="These ids (repeatable).")
+@click.option("--type", "task_type", help="Every dead letter of this type.")
+@click.option("--all", "all_", is_flag=True, help="Every dead letter.")
+@click.option("--older-than", help="Only those whose last attempt is older, like 7d.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+def dead_purge(
+    ctx: click.Context,
+    ids: tuple[int, ...],
+    task_type: str | None,
+    all_: bool,
+    older_than: str | None,
+    yes: bool,
+) -> None:
+    """Delete dead letters, in batches that each commit (safe to interrupt)."""
+    _dead_selector(ids, task_type, all_, "purge")
+    name = _task_type(task_type)
+    age = _duration(older_than, "--older-than")
+    id_list = list(ids) or None
+    with _repository(ctx, "dead purge") as repo:
+        if id_list:
+            _check_ids(repo, id_list)
+        total = repo.dead_count(task_type=name, ids=id_list, older_than=age)
+        if total == 0:
+            click.echo("purged 0 dead letters")
+            return
+        if not yes:
+            click.confirm(f"purge {total} dead letter{'s' if total != 1 else ''}?", abort=True)
+        purged = 0
+        try:
+            # The bar draws only on a terminal; stdout stays a single result line.
+            with click.progressbar(length=total, label="purging", file=sys.stderr) as bar:
+                while True:
+                    count = repo.dead_purge_batch(
+                        task_type=name, ids=id_list, older_than=age, batch=PURGE_BATCH
+                    )
+                    purged += count
+                    bar.update(count)
+                    if count < PURGE_BATCH:
+                        break
+        except KeyboardInterrupt:
+            click.echo(
+                f"\nslotd: interrupted: purged {purged} of {total}; those batches are committed, "
+                "the rest are untouched",
+                err=True,
+            )
+            sys.exit(130)
+    click.echo(f"purged {purged} dead letter{'s' if purged != 1 else ''}")
+
+
+# cleanup
+
+
+@click.command("cleanup")
+@click.option("--retention", help="Prune dead letters older than this (default SLOTD_RETENTION).")
+@click.pass_context
+def cleanup(ctx: click.Context, retention: str | None) -> None:
+    """Prune dead letters past retention now (the supervisor also does it hourly)."""
+    settings: Settings = ctx.obj
+    window = _duration(retention, "--retention") or settings.retention
+    with _repository(ctx, "cleanup") as repo:
+        pruned, error = prune(repo, window)
+    if error is not None:
+        if pruned:
+            click.echo(f"pruned {pruned} dead letters before the error", err=True)
+        raise error
+    click.echo(f"pruned {pruned} dead letters older than {format_duration(window)}")
+
+
+def register(group: click.Group) -> None:
+    for command in (status, enqueue, dead, cleanup):
+        group.add_command(command)

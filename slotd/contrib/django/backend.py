@@ -1,0 +1,216 @@
+"""`django.tasks` backend: a Django task is a slotd row written on Django's own connection.
+
+TASKS = {
+    "default": {
+        "BACKEND": "slotd.contrib.django.SlotdBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {
+            "CEILING": "10m",            # per-attempt deadline, the lease derives from it
+            "MAX_ATTEMPTS": 20,          # then the task is a dead letter, its result FAILED
+            "QUEUE_OPTIONS": {"emails": {"CEILING": "1m", "MAX_ATTEMPTS": 5}},
+            "DATABASE": "default",       # the Django database alias holding slotd's tables
+            "RESULT_RETENTION": "7d",    # finished results older than this are pruned
+        },
+    }
+}
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.db import connections, transaction
+from django.tasks import Task, TaskResult, TaskResultStatus
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.exceptions import InvalidTask
+from django.tasks.signals import task_enqueued
+from django.utils import timezone
+from django.utils.json import normalize_json
+
+import slotd
+from slotd import repository
+from slotd.config import parse_duration
+from slotd.contrib.django import results
+from slotd.errors import ConfigError
+from slotd.registry import TYPE_NAME
+
+TYPE_PREFIX = "django."
+DEFAULT_CEILING = timedelta(minutes=10)
+DEFAULT_RETENTION = timedelta(days=7)
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """What the worker registers for one Django queue."""
+
+    name: str
+    task_type: str
+    ceiling: timedelta
+    max_attempts: int | None
+
+
+def task_type_for(queue_name: str) -> str:
+    return f"{TYPE_PREFIX}{queue_name}"
+
+
+class SlotdBackend(BaseTaskBackend):
+    # run_after becomes the row's run_at, which discovery already orders by.
+    supports_defer = True
+    # The worker calls Task.call(), which runs coroutine functions to completion.
+    supports_async_task = True
+    # Results live in slotd_django_results, readable from any process.
+    supports_get_result = True
+    # Not honoured: discovery reads the oldest due row first through a partial index on
+    # (run_at, id); ordering by priority would need a second index and would let a steady
+    # stream of high-priority work starve the rest. Use a separate queue (its own task
+    # type, ceiling and, if wanted, its own `slotd run` replicas) for urgent work.
+    supports_priority = False
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.database: str = self.options.get("DATABASE", "default")
+
+    # configuration
+
+    def queue_configs(self) -> list[QueueConfig]:
+        """One slotd task type per declared queue. Raises ConfigError on bad OPTIONS."""
+        per_queue: dict[str, dict[str, Any]] = self.options.get("QUEUE_OPTIONS", {})
+        unknown = sorted(set(per_queue) - self.queues)
+        if unknown:
+            raise ConfigError(f"QUEUE_OPTIONS names queues not in QUEUES: {unknown}")
+        configs = []
+        for name in sorted(self.queues):
+            own = {**self.options, **per_queue.get(name, {})}
+            ceiling = parse_duration(own.get("CEILING", DEFAULT_CEILING), name="CEILING")
+            if ceiling <= timedelta(0):
+                raise ConfigError(f"queue {name!r}: CEILING must be positive")
+            attempts = own.get("MAX_ATTEMPTS")
+            if attempts is not None and (not isinstance(attempts, int) or attempts < 1):
+                raise ConfigError(f"queue {name!r}: MAX_ATTEMPTS must be a whole number >= 1")
+            configs.append(QueueConfig(name, task_type_for(name), ceiling, attempts))
+        return configs
+
+    def queue_config(self, queue_name: str) -> QueueConfig:
+        for config in self.queue_configs():
+            if config.name == queue_name:
+                return config
+        raise InvalidTask(f"Queue '{queue_name}' is not valid for backend.")
+
+    @property
+    def result_retention(self) -> timedelta:
+        raw = self.options.get("RESULT_RETENTION", DEFAULT_RETENTION)
+        return parse_duration(raw, name="RESULT_RETENTION")
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        errors: list[checks.CheckMessage] = []
+
+        def error(msg: str, hint: str | None = None) -> None:
+            errors.append(checks.Error(msg, hint=hint, obj=f"TASKS[{self.alias!r}]"))
+
+        if not self.queues:
+            error(
+                "QUEUES must list the queues: the slotd worker registers one task type each.",
+                hint='For example "QUEUES": ["default"].',
+            )
+        for name in sorted(self.queues):
+            if not TYPE_NAME.match(task_type_for(name)):
+                error(
+                    f"queue name {name!r} cannot be a slotd task type",
+                    hint="Use lower case letters, digits and _ . : - (at most 120 characters).",
+                )
+        try:
+            self.queue_configs()
+            _ = self.result_retention
+        except ConfigError as exc:
+            error(str(exc))
+        if self.database not in settings.DATABASES:
+            error(f"OPTIONS DATABASE {self.database!r} is not in DATABASES")
+        elif connections[self.database].vendor != "postgresql":
+            error(f"DATABASES[{self.database!r}] must be PostgreSQL (psycopg 3)")
+        return errors
+
+    def validate_task(self, task: Task) -> None:
+        super().validate_task(task)
+        if not TYPE_NAME.match(task_type_for(task.queue_name)):
+            raise InvalidTask(
+                f"Queue '{task.queue_name}' cannot be a slotd task type: use lower case "
+                "letters, digits and _ . : -"
+            )
+
+    # the producer side
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Write the queue row and the result row in the caller's transaction on Django's
+        connection: inside `transaction.atomic()` they commit or roll back with the business
+        write; in autocommit mode they commit together, at once."""
+        self.validate_task(task)
+        # Django's own rule (JSON round trip) applied before anything is written.
+        args, kwargs = normalize_json(args), normalize_json(kwargs)
+        json.dumps([args, kwargs], allow_nan=False)
+        config = self.queue_config(task.queue_name)
+        result_id = str(uuid.uuid4())
+        run_after = _aware(task.run_after)
+        delay = max((run_after - timezone.now()).total_seconds(), 0.0) if run_after else None
+        payload = {
+            "result_id": result_id,
+            "backend": self.alias,
+            "task": task.module_path,
+            "args": args,
+            "kwargs": kwargs,
+            "takes_context": task.takes_context,
+        }
+        with transaction.atomic(using=self.database), results.cursor(self.database) as cur:
+            task_id = slotd.enqueue(
+                cur, config.task_type, payload, delay=delay, max_attempts=config.max_attempts
+            )
+            if run_after is not None:
+                repository.execute(cur, "django_defer", {"id": task_id, "run_at": run_after})
+            enqueued_at = results.insert(
+                cur,
+                id=result_id,
+                task_id=task_id,
+                backend=self.alias,
+                queue_name=task.queue_name,
+                task_path=task.module_path,
+                priority=task.priority,
+                takes_context=task.takes_context,
+                run_after=run_after,
+                args=json.dumps(args),
+                kwargs=json.dumps(kwargs),
+            )
+        result = TaskResult(
+            task=task,
+            id=result_id,
+            status=TaskResultStatus.READY,
+            enqueued_at=enqueued_at,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=args,
+            kwargs=kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        # The signal says the task exists: not before, and never for a rolled-back one.
+        transaction.on_commit(
+            lambda: task_enqueued.send(type(self), task_result=result),
+            using=self.database,
+            robust=True,
+        )
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        return results.get(self.database, result_id)
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    if value is None or timezone.is_aware(value):
+        return value
+    return timezone.make_aware(value)

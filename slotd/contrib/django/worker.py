@@ -1,0 +1,171 @@
+"""The worker side: `slotd run --app slotd.contrib.django.worker:registry`.
+
+`registry()` sets Django up (DJANGO_SETTINGS_MODULE from the environment) and returns a
+slotd Registry with one handler per queue of every SlotdBackend in TASKS. The handler is
+the only code that runs a Django task, whoever delivers it: the daemon's runner and the
+test modes both reach it through slotd.processor, so the signals and the state rules
+cannot differ between production and tests."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from datetime import timedelta
+from typing import Any
+
+import slotd
+from slotd.errors import ConfigError
+from slotd.registry import Registry
+
+log = logging.getLogger("slotd.django")
+
+PRUNE_CHORE = "django_results_prune"
+PRUNE_PERIOD = timedelta(hours=1)
+# Each runner asks for the fleet-wide election at most this often; the election itself
+# makes sure one replica prunes per PRUNE_PERIOD.
+_PRUNE_ASK_EVERY_S = 300.0
+_next_prune_ask = 0.0
+
+
+def registry() -> Registry:
+    """What `slotd run --app slotd.contrib.django.worker:registry` loads."""
+    if not os.environ.get("DJANGO_SETTINGS_MODULE"):
+        raise ConfigError("set DJANGO_SETTINGS_MODULE to run Django tasks")
+    import django
+
+    django.setup()
+    return build_registry()
+
+
+def build_registry() -> Registry:
+    """One generic handler per configured queue. A queue served by two aliases shares one
+    task type, so both must agree on its ceiling."""
+    from slotd.contrib.django.backend import SlotdBackend
+
+    reg = Registry()
+    ceilings: dict[str, timedelta] = {}
+    for backend in _slotd_backends():
+        assert isinstance(backend, SlotdBackend)
+        for config in backend.queue_configs():
+            known = ceilings.get(config.task_type)
+            if known is None:
+                ceilings[config.task_type] = config.ceiling
+                reg.register(config.task_type, run_django_task, ceiling=config.ceiling)
+            elif known != config.ceiling:
+                raise ConfigError(
+                    f"queue {config.name!r} has two ceilings ({known} and {config.ceiling}) "
+                    "in two TASKS aliases; one task type can have only one"
+                )
+    if not len(reg):
+        raise ConfigError("no TASKS backend is slotd.contrib.django.SlotdBackend")
+    return reg
+
+
+def _slotd_backends() -> list[Any]:
+    from django.conf import settings
+    from django.tasks import task_backends
+
+    from slotd.contrib.django.backend import SlotdBackend
+
+    found = []
+    for alias in getattr(settings, "TASKS", {}):
+        backend = task_backends[alias]
+        if isinstance(backend, SlotdBackend):
+            found.append(backend)
+    return found
+
+
+def _worker_id() -> str:
+    # The runner is forked from its slot: compute per process, not at import.
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def run_django_task(task: slotd.Task, ctx: slotd.Context) -> None:
+    """Deliver one Django task: mark it started, call it, record how it ended.
+
+    Raises what the task raised, so slotd retries it with backoff and dead-letters it at
+    the attempt limit (its result then stays FAILED)."""
+    from django.tasks import task_backends
+
+    payload = json.loads(task.payload) if isinstance(task.payload, str) else task.payload
+    backend = task_backends[payload["backend"]]
+    _recycle_connections()
+    try:
+        _deliver(backend, payload["result_id"])
+    finally:
+        _maybe_prune(backend)
+        _recycle_connections()
+
+
+def _deliver(backend: Any, result_id: str) -> None:
+    from django.tasks import TaskContext
+    from django.tasks.signals import task_finished, task_started
+    from django.utils.json import normalize_json
+
+    from slotd.contrib.django import results
+
+    db = backend.database
+    before = results.start(db, result_id, _worker_id())
+    if before is None:
+        # Only retention deletes a result, long after its task finished.
+        log.warning("django task result %s is gone; not running it again", result_id)
+        return
+    snapshot = results.get(db, result_id)
+    sender = type(backend)
+    task_started.send(sender=sender, task_result=snapshot)
+    try:
+        django_task = snapshot.task
+        if django_task.takes_context:
+            value = django_task.call(
+                TaskContext(task_result=snapshot), *snapshot.args, **snapshot.kwargs
+            )
+        else:
+            value = django_task.call(*snapshot.args, **snapshot.kwargs)
+        value = normalize_json(value)
+        json.dumps(value, allow_nan=False)
+    except BaseException as exc:
+        prior = results.fail(db, result_id, exc)
+        # Sent inside the except block, as Django's own backend does: receivers (its
+        # logger among them) see sys.exc_info().
+        task_finished.send(sender=sender, task_result=results.get(db, result_id))
+        if prior == results.SUCCESSFUL:
+            return  # a failed re-run of a finished task: recorded, not retried
+        raise
+    results.succeed(db, result_id, value)
+    task_finished.send(sender=sender, task_result=results.get(db, result_id))
+
+
+def _recycle_connections() -> None:
+    """What Django does around a request: drop connections that are broken or past
+    CONN_MAX_AGE. Never inside an atomic block (a test's transaction): closing there
+    would throw the caller's uncommitted work away."""
+    from django.db import connections
+
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close_if_unusable_or_obsolete()
+
+
+def _maybe_prune(backend: Any) -> None:
+    global _next_prune_ask
+    now = time.monotonic()
+    if now < _next_prune_ask:
+        return
+    _next_prune_ask = now + _PRUNE_ASK_EVERY_S
+    from django.db import transaction
+
+    from slotd import repository
+    from slotd.contrib.django import results
+
+    try:
+        with transaction.atomic(using=backend.database), results.cursor(backend.database) as c:
+            params = {"chore": PRUNE_CHORE, "period_s": PRUNE_PERIOD.total_seconds() * 0.95}
+            elected = repository.execute(c, "elect_chore", params).fetchone() is not None
+        if elected:
+            pruned = results.prune(backend.database, backend.result_retention)
+            log.info("pruned %d django task results", pruned, extra={"pruned": pruned})
+    except Exception:  # noqa: BLE001 - housekeeping never fails the task it follows
+        log.exception("pruning django task results failed")

@@ -1,0 +1,136 @@
+"""Log lines for humans (text) or machines (json), never carrying a database password.
+
+One line per record: time, level, role (supervisor, slot-2, runner ...), message, then the
+record's extras (task_id task_type attempt slot outcome duration first, the rest sorted).
+Redaction happens in the formatter, after the message is rendered, so a URL that arrives
+through %-arguments, an extra or an exception's text is caught the same way."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import IO, Any
+
+from slotd.db import redact
+
+FORMATS = ("text", "json")
+# The fields an operator filters on, in the order they read best.
+FIRST_FIELDS = ("task_id", "task_type", "attempt", "slot", "outcome", "duration")
+_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
+_MARK = "_slotd_handler"
+
+
+def _extras(record: logging.LogRecord) -> dict[str, Any]:
+    found = {k: v for k, v in record.__dict__.items() if k not in _STANDARD and k[:1] != "_"}
+    found.pop("role", None)
+    ordered = {k: found.pop(k) for k in FIRST_FIELDS if k in found}
+    ordered.update(sorted(found.items()))
+    return ordered
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    when = datetime.fromtimestamp(record.created, UTC)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class _Base(logging.Formatter):
+    def __init__(self, role: str) -> None:
+        super().__init__()
+        self.role = role
+
+    def _parts(self, record: logging.LogRecord) -> tuple[str, dict[str, Any], str | None]:
+        message = redact(record.getMessage())
+        extras = {k: _clean(v) for k, v in _extras(record).items()}
+        exc = None
+        if record.exc_info:
+            exc = redact(self.formatException(record.exc_info))
+        elif record.exc_text:
+            exc = redact(record.exc_text)
+        return message, extras, exc
+
+
+class TextFormatter(_Base):
+    def format(self, record: logging.LogRecord) -> str:
+        message, extras, exc = self._parts(record)
+        role = getattr(record, "role", None) or self.role
+        fields = " ".join(f"{k}={_text_value(v)}" for k, v in extras.items() if v is not None)
+        line = f"{_timestamp(record)} {record.levelname:<7} {role} {message}"
+        if fields:
+            line = f"{line}  {fields}"
+        if exc:
+            line = f"{line}\n{exc}"
+        return line
+
+
+def _text_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=_redacted_str, separators=(",", ":"))
+    text = redact(str(value))
+    # Quote only what would otherwise break key=value splitting.
+    if not text or any(c in text for c in ' "=\n\t'):
+        return json.dumps(text)
+    return text
+
+
+class JsonFormatter(_Base):
+    def format(self, record: logging.LogRecord) -> str:
+        message, extras, exc = self._parts(record)
+        obj: dict[str, Any] = {
+            "time": _timestamp(record),
+            "level": record.levelname.lower(),
+            "role": getattr(record, "role", None) or self.role,
+            "logger": record.name,
+            "message": message,
+        }
+        for key, value in extras.items():
+            obj.setdefault(key, value)
+        if exc:
+            obj["exc"] = exc
+        # An extra that is not JSON (a datetime, a UUID) still makes a line, redacted as
+        # text; redacting the finished line instead could cut through its quoting.
+        return json.dumps(obj, default=_redacted_str, ensure_ascii=False)
+
+
+def _redacted_str(value: Any) -> str:
+    return redact(str(value))
+
+
+def configure(
+    fmt: str = "text",
+    level: int | str = logging.INFO,
+    role: str = "supervisor",
+    *,
+    stream: IO[str] | None = None,
+) -> logging.Handler:
+    """Install slotd's one handler on the root logger (replacing one installed before, so a
+    forked slot can call it again with its own role) and return it."""
+    if fmt not in FORMATS:
+        raise ValueError(f"bad log format {fmt!r}: use text or json")
+    formatter: logging.Formatter = JsonFormatter(role) if fmt == "json" else TextFormatter(role)
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(formatter)
+    setattr(handler, _MARK, True)
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        if getattr(old, _MARK, False):
+            root.removeHandler(old)
+            old.close()
+    root.addHandler(handler)
+    root.setLevel(level)
+    return handler

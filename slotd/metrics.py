@@ -1,0 +1,458 @@
+"""Prometheus metrics, kept in the supervisor process only.
+
+Slots and runners do not touch prometheus_client: they send what happened to the supervisor
+over their pipes and the supervisor calls `Metrics.record_*`. A slot that is killed has then
+either delivered a message (counted once, here) or not (never counted), so nothing it already
+reported can be lost or doubled, and there is no multiprocess directory to clean up.
+
+The fleet gauges (pending, running, dead, oldest due) describe the table, not this replica, so
+they come from one query (`gauges` in sql/queries.sql) run at most once per `ttl` however many
+scrapers ask, through a custom collector: a type whose rows are gone simply stops being
+exported, and `slotd_tasks_running` has no series at all while nothing runs (the starvation
+alert's `or vector(0)` guard depends on that shape).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import psycopg
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from slotd import db
+from slotd.errors import ConfigError
+from slotd.outcome import Outcome
+from slotd.repository import Repository, execute
+
+log = logging.getLogger("slotd.metrics")
+
+OUTCOMES: tuple[str, ...] = tuple(o.value for o in Outcome)
+# Pre-initialised so rate() and increase() see a zero before the first event.
+RESTART_REASONS = ("runner_crashed", "runner_killed", "slot_died", "runner_recycled")
+FAULT_KINDS = ("error", "latency", "crash", "lost_settlement")
+
+# A handler runs from about a millisecond (a no-op audit) to its ceiling (an hour for
+# prefix_delete); roughly 2.5x steps keep the quantile error bounded across that range.
+DURATION_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+)  # fmt: skip
+# Due -> start: a woken slot starts within milliseconds, the poll backstop within 5 s, and
+# a saturated fleet takes minutes to hours; the tail buckets are what starvation looks like.
+START_DELAY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0,
+)  # fmt: skip
+
+GaugeSource = Callable[[], dict[str, Any]]
+
+
+class DbGaugeSource:
+    """Runs the `gauges` statement on one long-lived connection of its own.
+
+    Errors propagate to the caller (the collector reports them as a failed refresh) after
+    the connection is dropped, so the next refresh reconnects instead of reusing a broken
+    session. Each refresh is one transaction with SET LOCAL timeouts, which stays correct
+    behind a transaction-mode pooler."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        statement_timeout: timedelta = timedelta(seconds=5),
+        connect_timeout: int = 3,
+    ) -> None:
+        self._url = url
+        self._connect_timeout = connect_timeout
+        # Shorter than Prometheus's default 10 s scrape timeout, so a slow primary shows
+        # up as a failed refresh rather than a scrape that never answers.
+        self._bounds = {
+            "statement_timeout": f"{int(statement_timeout.total_seconds() * 1000)}ms",
+            "lock_timeout": "1000ms",
+        }
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> dict[str, Any]:
+        with self._lock:
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = db.connect(
+                        self._url, role="slotd metrics", connect_timeout=self._connect_timeout
+                    )
+                conn = self._conn
+                with conn.transaction():
+                    execute(conn, "bound", self._bounds)
+                    execute(conn, "gauges_serial")
+                    return Repository(conn).gauges()
+            except Exception:
+                self._drop()
+                raise
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # closing a broken connection may itself fail; it is gone
+                pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+
+def db_gauge_source(url: str, **kwargs: Any) -> DbGaugeSource:
+    """The gauge source for `Metrics`: one connection, reconnecting after any error.
+    Pass the read replica's URL where there is one; the gauges tolerate replica lag."""
+    return DbGaugeSource(url, **kwargs)
+
+
+class _FleetCollector(Collector):
+    """The table's gauges, refreshed at most once per ttl and shared by concurrent scrapes."""
+
+    def __init__(
+        self,
+        source: GaugeSource,
+        ttl: float,
+        max_stale: float,
+        default_types: Iterable[str],
+        clock: Callable[[], float],
+    ) -> None:
+        self._source = source
+        self._ttl = ttl
+        self._max_stale = max_stale
+        self._default_types = tuple(default_types)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._attempted_at: float | None = None  # monotonic, success or not
+        self._good: dict[str, Any] | None = None
+        self._good_at: float | None = None  # monotonic
+        self._good_wall: float = 0.0  # unix time, exported
+        self._last_ok = False
+        self._last_seconds = 0.0
+        self._errors = 0
+
+    def describe(self) -> Iterator[Metric]:
+        # Names only: registering must not query the database.
+        yield GaugeMetricFamily("slotd_tasks_pending", "", labels=["task_type"])
+        yield GaugeMetricFamily("slotd_tasks_running", "", labels=["task_type"])
+        yield GaugeMetricFamily("slotd_tasks_dead", "", labels=["task_type"])
+        yield GaugeMetricFamily("slotd_task_oldest_due_seconds", "")
+        yield GaugeMetricFamily("slotd_gauges_up", "")
+        yield GaugeMetricFamily("slotd_gauges_last_success_timestamp_seconds", "")
+        yield GaugeMetricFamily("slotd_gauges_refresh_seconds", "")
+        yield CounterMetricFamily("slotd_gauges_refresh_errors", "")
+
+    def _refresh(self) -> None:
+        now = self._clock()
+        # A failed refresh is cached too: a down primary must not be hammered by every
+        # scrape, nor make every scrape wait out a connect timeout.
+        if self._attempted_at is not None and now - self._attempted_at < self._ttl:
+            return
+        started = time.perf_counter()
+        try:
+            values = self._source()
+        except Exception as exc:
+            self._last_ok = False
+            self._errors += 1
+            log.warning("fleet gauges refresh failed: %s", db.redact(str(exc).strip() or repr(exc)))
+        else:
+            self._good, self._good_at, self._good_wall = values, now, time.time()
+            self._last_ok = True
+        self._last_seconds = time.perf_counter() - started
+        self._attempted_at = self._clock()
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            self._refresh()
+            good, good_at = self._good, self._good_at
+            ok, seconds, errors, wall = (
+                self._last_ok,
+                self._last_seconds,
+                self._errors,
+                self._good_wall,
+            )
+            fresh = good_at is not None and self._clock() - good_at <= self._max_stale
+        if good is not None and fresh:
+            yield from self._families(good)
+        yield GaugeMetricFamily(
+            "slotd_gauges_up",
+            "1 when the last refresh of the fleet gauges from the database succeeded",
+            value=1.0 if ok else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "slotd_gauges_last_success_timestamp_seconds",
+            "Unix time of the last successful fleet gauge refresh (0: never)",
+            value=wall,
+        )
+        yield GaugeMetricFamily(
+            "slotd_gauges_refresh_seconds",
+            "How long the last fleet gauge refresh took",
+            value=seconds,
+        )
+        yield CounterMetricFamily(
+            "slotd_gauges_refresh_errors",
+            "Fleet gauge refreshes that failed",
+            value=float(errors),
+        )
+
+    def _families(self, values: dict[str, Any]) -> Iterator[Metric]:
+        helps = {
+            "pending": "Unfinished tasks: retryable, or on their final attempt under a live lease",
+            "running": "Tasks under a live lease (a subset of pending)",
+            "dead": "Dead letters: out of attempts and not held by a worker",
+        }
+        for kind, help_text in helps.items():
+            family = GaugeMetricFamily(f"slotd_tasks_{kind}", help_text, labels=["task_type"])
+            by_type: dict[str, float] = dict(values.get(kind) or {})
+            if kind != "running":
+                # A zero for this replica's own types lets a dead-letter increase from
+                # nothing register; `running` stays absent when idle (see module doc).
+                for task_type in self._default_types:
+                    by_type.setdefault(task_type, 0)
+            for task_type in sorted(by_type):
+                family.add_metric([task_type], float(by_type[task_type]))
+            yield family
+        yield GaugeMetricFamily(
+            "slotd_task_oldest_due_seconds",
+            "How long the longest-waiting claimable task has been due (0 when none)",
+            value=float(values.get("oldest_due_seconds") or 0.0),
+        )
+
+
+class Metrics:
+    """Every slotd metric of one replica, in a registry of its own."""
+
+    def __init__(
+        self,
+        slots: int,
+        task_types: list[str],
+        gauge_source: GaugeSource | None,
+        ttl: float = 5.0,
+        *,
+        max_stale: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.task_types = list(task_types)
+        reg = self.registry
+
+        self._slots = Gauge("slotd_task_slots", "Worker slots of this replica", registry=reg)
+        self._slots.set(slots)
+        self._handlers = Gauge(
+            "slotd_replica_handlers",
+            "1 for each task type this replica has a handler for",
+            ["task_type"],
+            registry=reg,
+        )
+        self._outcomes = Counter(
+            "slotd_task_outcomes",
+            "Attempts by how they ended",
+            ["task_type", "outcome"],
+            registry=reg,
+        )
+        self._duration = Histogram(
+            "slotd_task_duration_seconds",
+            "Handler run time",
+            ["task_type"],
+            buckets=DURATION_BUCKETS,
+            registry=reg,
+        )
+        self._start_delay = Histogram(
+            "slotd_task_start_delay_seconds",
+            "From the moment a task was due to the moment its handler started",
+            ["task_type"],
+            buckets=START_DELAY_BUCKETS,
+            registry=reg,
+        )
+        self._empty_claims = Counter(
+            "slotd_claims_empty",
+            "Claims that found nothing to take (another slot or replica was faster)",
+            registry=reg,
+        )
+        self._restarts = Counter(
+            "slotd_slot_restarts", "Slot or runner process restarts", ["reason"], registry=reg
+        )
+        self._faults = Counter(
+            "slotd_faults_injected", "Faults injected (staging chaos)", ["kind"], registry=reg
+        )
+        for task_type in self.task_types:
+            self._handlers.labels(task_type).set(1)
+            self._duration.labels(task_type)
+            self._start_delay.labels(task_type)
+            for outcome in OUTCOMES:
+                self._outcomes.labels(task_type, outcome)
+        for reason in RESTART_REASONS:
+            self._restarts.labels(reason)
+        for kind in FAULT_KINDS:
+            self._faults.labels(kind)
+
+        self._fleet: _FleetCollector | None = None
+        if gauge_source is not None:
+            self._fleet = _FleetCollector(gauge_source, ttl, max_stale, self.task_types, clock)
+            reg.register(self._fleet)
+
+    def set_slots(self, slots: int) -> None:
+        self._slots.set(slots)
+
+    def record_outcome(
+        self,
+        task_type: str,
+        outcome: str,
+        duration: float | None,
+        start_delay: float | None,
+    ) -> None:
+        if outcome not in OUTCOMES:
+            # A bad message from a slot must not take the supervisor down; it is a bug to
+            # report, and an unbounded label value would be worse than a missing count.
+            log.error("dropped a task outcome with unknown outcome %r (%s)", outcome, task_type)
+            return
+        self._outcomes.labels(task_type, outcome).inc()
+        if duration is not None:
+            self._duration.labels(task_type).observe(max(duration, 0.0))
+        if start_delay is not None:
+            # Clocks of two hosts can disagree by milliseconds; a negative delay is zero.
+            self._start_delay.labels(task_type).observe(max(start_delay, 0.0))
+
+    def record_empty_claim(self) -> None:
+        self._empty_claims.inc()
+
+    def record_restart(self, reason: str) -> None:
+        self._restarts.labels(reason).inc()
+
+    def record_fault(self, kind: str) -> None:
+        self._faults.labels(kind).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+# HTTP
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """`host:port`, `[v6]:port` or `:port` (all interfaces); port 0 picks a free one."""
+    host, sep, port = addr.strip().rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"bad metrics address {addr!r}: write it like 127.0.0.1:9464")
+    host = host.strip("[]")
+    return host, int(port)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _HTTPServer
+    protocol_version = "HTTP/1.1"  # keep-alive: Prometheus reuses its connection
+    timeout = 60  # ...but an idle one must not pin a thread forever
+
+    def do_GET(self) -> None:  # noqa: N802 - the name http.server dispatches to
+        self._respond(send_body=True)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._respond(send_body=False)
+
+    def _respond(self, send_body: bool) -> None:
+        path = self.path.split("?", 1)[0]
+        app = self.server.app
+        if path == "/metrics":
+            try:
+                status, ctype, body = 200, CONTENT_TYPE_LATEST, app.metrics.render()
+            except Exception as exc:
+                log.exception("rendering /metrics failed")
+                status, ctype = 500, "text/plain; charset=utf-8"
+                body = f"error: {db.redact(str(exc))}\n".encode()
+        elif path in ("/healthz", "/readyz"):
+            check = app.health if path == "/healthz" else app.ready
+            try:
+                ok, why = check()
+            except Exception as exc:
+                ok, why = False, f"check failed: {exc}"
+            status, ctype = (200 if ok else 503), "text/plain; charset=utf-8"
+            body = (db.redact(why or ("ok" if ok else "not ok")).strip() + "\n").encode()
+        else:
+            status, ctype, body = 404, "text/plain; charset=utf-8", b"not found\n"
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if send_body:
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        # Every scrape would be a log line; failures are logged where they happen.
+        pass
+
+
+class _App:
+    def __init__(
+        self,
+        metrics: Metrics,
+        health: Callable[[], tuple[bool, str]],
+        ready: Callable[[], tuple[bool, str]],
+    ) -> None:
+        self.metrics, self.health, self.ready = metrics, health, ready
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True  # a hung scraper never holds the supervisor's exit
+    app: _App
+
+
+class Server:
+    """The metrics and health endpoints, served from a daemon thread."""
+
+    def __init__(self, httpd: _HTTPServer) -> None:
+        self._httpd = httpd
+        address = httpd.server_address
+        self.host: str = str(address[0])
+        self.port: int = int(address[1])
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.5}, name="slotd-metrics"
+        )
+        self._thread.daemon = True
+        self._thread.start()
+
+    def fileno(self) -> int:
+        """The listening socket, which a forked child closes (it must not hold the port)."""
+        return self._httpd.fileno()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+
+def serve(
+    addr: str,
+    metrics: Metrics,
+    health: Callable[[], tuple[bool, str]],
+    ready: Callable[[], tuple[bool, str]],
+) -> Server:
+    """Serve /metrics, /healthz and /readyz on `addr`; `Server.port` is the bound port."""
+    host, port = parse_addr(addr)
+    server_class = _HTTPServer
+    if ":" in host:
+
+        class _V6(_HTTPServer):
+            address_family = socket.AF_INET6
+
+        server_class = _V6
+    httpd = server_class((host, port), _Handler)
+    httpd.app = _App(metrics, health, ready)
+    return Server(httpd)

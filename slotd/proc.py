@@ -1,0 +1,160 @@
+"""Process plumbing shared by the supervisor, its slots and their runners: titles, parent
+death signals, exit watching, and what a forked child must not touch."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import select
+import signal
+import weakref
+from typing import Any
+
+import setproctitle
+
+_PR_SET_PDEATHSIG = 1
+_libc: Any = None
+
+# Every connection slotd opens is tracked here, so a forked child can make sure it never
+# uses or closes its parent's sessions (closing one would end the parent's session).
+_connections: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def track(conn: Any) -> Any:
+    _connections.add(conn)
+    return conn
+
+
+def _blind_inherited_connections() -> None:
+    # Point each inherited socket at /dev/null instead of closing it: a closed descriptor
+    # number could be reused by the child's own connection, and the parent's libpq object,
+    # if ever finalised here, would then write its goodbye into the child's session.
+    if not _connections:
+        return
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        for conn in list(_connections):
+            try:
+                fd = conn.pgconn.socket
+            except Exception:  # noqa: BLE001 - already closed in the parent
+                continue
+            if fd >= 0:
+                os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+    _connections.clear()
+
+
+os.register_at_fork(after_in_child=_blind_inherited_connections)
+
+
+def set_title(title: str) -> None:
+    setproctitle.setproctitle(f"slotd: {title}")
+
+
+def die_with_parent(sig: int) -> None:
+    """Ask the kernel to send `sig` when our parent exits (Linux), so nothing is orphaned
+    by a kill -9 of the supervisor or a slot."""
+    global _libc
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before the prctl took effect
+        os.kill(os.getpid(), sig)
+
+
+class ChildWatch:
+    """A readable descriptor that fires when a child exits (pidfd on Linux >= 5.3)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.fd: int | None = None
+        try:
+            self.fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self.fd = None
+        self.status: int | None = None
+
+    def fileno(self) -> int:
+        if self.fd is None:
+            raise OSError(errno.ENOSYS, "pidfd unavailable")
+        return self.fd
+
+    def poll(self) -> int | None:
+        """The wait status once the child has exited and been reaped, else None."""
+        if self.status is not None:
+            return self.status
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            self.status = 0
+            return self.status
+        if pid == 0:
+            return None
+        self.status = status
+        return status
+
+    def wait(self, timeout: float | None) -> int | None:
+        if self.status is not None:
+            return self.status
+        if self.fd is not None:
+            select.select([self.fd], [], [], timeout)
+        return self.poll()
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def describe_status(status: int | None) -> str:
+    if status is None:
+        return "still running"
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        return f"killed by {name}"
+    return f"exited with status {os.waitstatus_to_exitcode(status)}"
+
+
+def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal a whole process group: a handler's subprocesses go with it."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+class SelfPipe:
+    """Signal handlers only record; the loop wakes on this pipe (signal.set_wakeup_fd)."""
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.r, False)
+        os.set_blocking(self.w, False)
+        signal.set_wakeup_fd(self.w, warn_on_full_buffer=False)
+
+    def fileno(self) -> int:
+        return self.r
+
+    def drain(self) -> None:
+        try:
+            while os.read(self.r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(-1)
+        os.close(self.r)
+        os.close(self.w)

@@ -1,0 +1,122 @@
+"""The runner: a child of its slot, in its own process group, that runs handler after handler
+(imports, caches and the handler's own connections stay warm) and answers its slot.
+
+It opens no queue connection. The one queue write a handler makes, advance_cursor, goes to
+the slot over the pipe; the slot performs it, fenced, and answers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from datetime import datetime
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+from slotd import proc
+from slotd.errors import DeadlineExceeded
+from slotd.outcome import ERROR
+from slotd.processor import Result, execute, past
+from slotd.registry import Registry, load_registry
+from slotd.task import Context, Task
+
+if TYPE_CHECKING:
+    from slotd.faults import Injector
+
+# The slot's signals to its runner.
+CANCEL = signal.SIGUSR1  # shutdown: ctx.cancelled becomes true
+INTERRUPT = signal.SIGUSR2  # deadline: raise DeadlineExceeded in the handler's frame
+
+
+class _State:
+    cancelled = False
+    armed = False
+
+
+def _on_cancel(signum: int, frame: Any) -> None:
+    _State.cancelled = True
+
+
+def _on_interrupt(signum: int, frame: Any) -> None:
+    if _State.armed:
+        _State.armed = False
+        raise DeadlineExceeded("interrupted at the deadline by the slot's watchdog")
+
+
+def fresh_registry(app: str) -> Registry:
+    """Import the application anew (SIGHUP: new code), forgetting the modules it came from."""
+    module = app.partition(":")[0]
+    # The application's own package, never slotd itself: the runner's code stays loaded.
+    prefix = module if module.startswith("slotd.") else module.split(".")[0]
+    for name in [m for m in sys.modules if m == prefix or m.startswith(prefix + ".")]:
+        del sys.modules[name]
+    return load_registry(app)
+
+
+def serve(
+    conn: Connection, registry: Registry, slot_no: int, faults: Injector | None = None
+) -> None:
+    """The runner's loop; never returns (the process ends with os._exit)."""
+    os.setpgid(0, 0)
+    proc.die_with_parent(signal.SIGKILL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(CANCEL, _on_cancel)
+    signal.signal(INTERRUPT, _on_interrupt)
+    signal.set_wakeup_fd(-1)
+    proc.set_title(f"runner {slot_no} idle")
+    conn.send(("hello", registry.types, registry.ceilings_seconds))
+    code = 0
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                break
+            if message[0] == "exit":
+                break
+            _, task, deadline = message
+            conn.send(("result", _run(conn, registry, task, deadline, slot_no, faults)))
+    except BaseException:  # noqa: BLE001 - whatever happens, the slot sees a dead runner
+        code = 70
+    finally:
+        os._exit(code)
+
+
+def _run(
+    conn: Connection,
+    registry: Registry,
+    task: Task,
+    deadline: datetime,
+    slot_no: int,
+    faults: Injector | None,
+) -> Result:
+    handler = registry.get(task.type)
+    if handler is None:
+        return Result(ERROR, f"no handler registered for {task.type!r} in this runner")
+    proc.set_title(f"runner {slot_no} running {task.type}#{task.id}")
+
+    def write_cursor(payload: dict[str, Any]) -> bool:
+        # The exchange with the slot must not be torn by the deadline interrupt: a pending
+        # interrupt is delivered right after, in the handler's frame.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {INTERRUPT})
+        try:
+            conn.send(("cursor", payload))
+            reply = conn.recv()
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {INTERRUPT})
+        return bool(reply[1])
+
+    ctx = Context(task, deadline, write_cursor, lambda: _State.cancelled)
+    _State.cancelled = False
+    _State.armed = True
+    try:
+        result = execute(handler, ctx, faults.before_handler if faults else None)
+    except DeadlineExceeded as exc:  # landed after the handler returned, before disarming
+        result = Result(ERROR, str(exc), ctx.advanced, True)
+    finally:
+        _State.armed = False
+    result.past_deadline = result.past_deadline or past(deadline)
+    proc.set_title(f"runner {slot_no} idle")
+    return result

@@ -1,0 +1,457 @@
+"""A slot: one process, its own connections, one task at a time. It waits for a wake token,
+discovers, claims, hands the task to its runner, watches it, and settles the row itself.
+
+The slot is its runner's watchdog. At the handler's deadline it interrupts the handler in its
+frame; a kill grace later it kills the runner's whole process group; either way it settles
+the row (fenced on the token) and forks a fresh runner, so a handler that ignores its
+context can neither leak the slot nor run beside its own retry."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from multiprocessing.connection import Connection, wait
+from typing import Any, NoReturn
+
+import psutil
+import psycopg
+
+from slotd import db, logs, proc, runner
+from slotd.config import Settings
+from slotd.outcome import CRASHED, KILLED, SHUTDOWN, Outcome
+from slotd.processor import Result, Settlement, not_started, past, settle
+from slotd.registry import Registry
+from slotd.repository import Claimed, Repository
+
+log = logging.getLogger("slotd.slot")
+
+CRASH_LOOP_FLOOR = 5.0  # a runner that dies younger than this counts toward the backoff
+BOOT_TIMEOUT = 120.0  # importing a large application can take a while
+
+
+@dataclass
+class SlotSpec:
+    number: int
+    app: str
+    registry: Registry
+    settings: Settings
+    write_url: str
+    read_url: str | None
+    faults: Any = None  # slotd.faults.Injector, when chaos is enabled
+
+
+@dataclass
+class Runner:
+    pid: int
+    conn: Connection
+    watch: proc.ChildWatch
+    started: float = field(default_factory=time.monotonic)
+    tasks: int = 0
+
+    def stop(self) -> int | None:
+        proc.kill_group(self.pid, signal.SIGKILL)
+        status = self.watch.wait(None)
+        self.conn.close()
+        self.watch.close()
+        return status
+
+
+class Slot:
+    def __init__(self, spec: SlotSpec, sup: Connection) -> None:
+        self.spec = spec
+        self.sup = sup
+        self.settings = spec.settings
+        self.claim_registry = spec.registry
+        self.stopping = False
+        self.hurry = False
+        self.reload = False
+        self.fresh_code = False
+        self.runner: Runner | None = None
+        self.repo: Repository | None = None
+        self.crashes = 0
+        self.batch: list[int] = []
+        self.log = logging.LoggerAdapter(log, {"slot": spec.number})
+
+    # process set-up and the loop
+
+    def main(self) -> NoReturn:
+        code = 0
+        try:
+            self._setup()
+            self._loop()
+        except BaseException as exc:  # noqa: BLE001 - report, then let the supervisor restart us
+            if not isinstance(exc, SystemExit | BrokenPipeError | EOFError):
+                self.log.error("slot failed: %s", traceback.format_exc().strip())
+                code = 1
+        finally:
+            if self.runner is not None:
+                self.runner.stop()
+            os._exit(code)
+
+    def _setup(self) -> None:
+        proc.die_with_parent(signal.SIGTERM)
+        proc.set_title(f"slot {self.spec.number} starting")
+        logs.configure(self.settings.log_format, role=f"slot {self.spec.number}")
+        self.selfpipe = proc.SelfPipe()
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which leads
+        signal.signal(signal.SIGHUP, self._on_hup)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        self._connect()
+        self._spawn_runner()
+        self._report("ready")
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        if self.stopping:
+            self.hurry = True
+        self.stopping = True
+
+    def _on_hup(self, signum: int, frame: Any) -> None:
+        self.reload = True
+
+    def _report(self, *message: Any) -> None:
+        self.sup.send(message)
+
+    def _loop(self) -> None:
+        awake = False
+        while not self.stopping:
+            self._between_tasks()
+            if not awake:
+                awake = self._wait_token()
+                continue
+            try:
+                claimed = self._next_claim()
+            except psycopg.OperationalError as exc:
+                self._reconnect(exc)
+                continue
+            if claimed is None:
+                awake = False
+                self._report("empty")
+                continue
+            self._report("claimed", claimed, self.runner.pid if self.runner else None)
+            self._report("settled", *self._handle(claimed))
+
+    def _next_claim(self) -> Claimed | None:
+        """Claim from what the last discovery found before discovering again: one discovery
+        serves up to a batch of claims."""
+        assert self.repo is not None
+        for fresh in (False, True):
+            if fresh or not self.batch:
+                self.batch = self.repo.discover(
+                    self.claim_registry.types, self.settings.discovery_batch
+                )
+                if not self.batch:
+                    return None
+            claimed = self.repo.claim(self.batch, self.claim_registry)
+            if claimed is not None:
+                self.batch = [i for i in self.batch if i != claimed.id]
+                return claimed
+            self.batch = []
+        return None
+
+    def _wait_token(self) -> bool:
+        proc.set_title(f"slot {self.spec.number} idle")
+        self._report("idle")
+        while not self.stopping:
+            watched: list[Any] = [self.sup, self.selfpipe]
+            if self.runner is not None and self.runner.watch.fd is not None:
+                watched.append(self.runner.watch)
+            ready = wait(watched, timeout=None if self.runner else 1.0)
+            if self.selfpipe in ready:
+                self.selfpipe.drain()
+            if self.runner is not None and self.runner.watch in ready:
+                self._runner_died(Result(CRASHED, "runner died while idle"), idle=True)
+            if self.runner is None:
+                self._spawn_runner()
+            if self.reload and not self.stopping:
+                self._between_tasks()
+            if self.sup in ready:
+                message = self.sup.recv()
+                if message[0] == "wake":
+                    return True
+        return False
+
+    def _between_tasks(self) -> None:
+        """Runner replacement happens here only, never mid-task: on SIGHUP (new code) or
+        when recycling is configured and the runner has served enough or grown too big."""
+        runner_ = self.runner
+        if runner_ is None:
+            return
+        reason = None
+        if self.reload:
+            reason, self.fresh_code = "reload", True
+        elif self.settings.runner_max_tasks and runner_.tasks >= self.settings.runner_max_tasks:
+            reason = "runner_recycled"
+        elif self.settings.runner_max_rss_mib:
+            try:
+                rss = psutil.Process(runner_.pid).memory_info().rss / 2**20
+            except psutil.Error:
+                rss = 0
+            if rss > self.settings.runner_max_rss_mib:
+                reason = "runner_recycled"
+        if reason is None:
+            return
+        self.reload = False
+        runner_.stop()
+        self.runner = None
+        self._spawn_runner()
+        self._report("restart", reason)
+        if reason == "reload":
+            self._report("reloaded")
+
+    # connections
+
+    def _connect(self) -> None:
+        delay = 0.5
+        while not self.stopping:
+            try:
+                role = f"slotd slot {self.spec.number}"
+                write = db.connect(self.spec.write_url, role=role)
+                read = db.connect(self.spec.read_url, role=role) if self.spec.read_url else None
+                self.repo = Repository.from_settings(self.settings, write, read)
+                return
+            except psycopg.OperationalError as exc:
+                self.log.warning(
+                    "database unreachable, retrying in %.1fs: %s", delay, _first_line(exc)
+                )
+                self._pause(delay)
+                delay = min(delay * 2, 30.0)
+        raise SystemExit(0)
+
+    def _reconnect(self, exc: Exception) -> None:
+        self.log.warning("lost the database connection: %s", _first_line(exc))
+        if self.repo is not None:
+            for conn in {self.repo.write, self.repo.read}:
+                try:
+                    conn.close()
+                except Exception:  # noqa: BLE001
+                    pass
+        self.repo = None
+        self.batch = []
+        self._connect()
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep that a shutdown signal cuts short."""
+        if wait([self.selfpipe], timeout=seconds):
+            self.selfpipe.drain()
+
+    # the runner
+
+    def _spawn_runner(self) -> None:
+        if self.crashes:
+            self._pause(min(0.1 * 2 ** (self.crashes - 1), 10.0))
+        if self.stopping:
+            return
+        ours, theirs = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:  # the runner; it never returns into the slot's stack
+            try:
+                ours.close()
+                self.sup.close()
+                self.selfpipe.close()
+                registry = self.spec.registry
+                if self.fresh_code:
+                    registry = runner.fresh_registry(self.spec.app)
+                runner.serve(
+                    Connection(theirs.detach()), registry, self.spec.number, self.spec.faults
+                )
+            except BaseException:  # noqa: BLE001 - the slot sees the EOF and backs off
+                traceback.print_exc()
+            finally:
+                os._exit(78)
+        theirs.close()
+        try:
+            os.setpgid(pid, pid)  # also done by the child: whoever runs first wins the race
+        except OSError:
+            pass
+        handle = Runner(pid, Connection(ours.detach()), proc.ChildWatch(pid))
+        if not handle.conn.poll(BOOT_TIMEOUT):
+            handle.stop()
+            self.crashes += 1
+            self.log.error("runner did not start within %ss", BOOT_TIMEOUT)
+            return
+        try:
+            _, types, ceilings = handle.conn.recv()
+        except (EOFError, OSError):
+            status = handle.stop()
+            self.crashes += 1
+            self.log.error("runner failed to start: %s", proc.describe_status(status))
+            self._report("restart", "runner_boot_failed")
+            return
+        if self.fresh_code:
+            self.claim_registry = _registry_view(types, ceilings)
+        self.runner = handle
+
+    def _runner_died(self, result: Result, idle: bool = False) -> None:
+        runner_ = self.runner
+        if runner_ is None:
+            return
+        status = runner_.stop()
+        self.runner = None
+        if result.kind == CRASHED:
+            # Only crashes feed the backoff: a watchdog kill is the system working.
+            young = time.monotonic() - runner_.started < CRASH_LOOP_FLOOR
+            self.crashes = self.crashes + 1 if (young or idle) else 0
+            result.error = f"{result.error}: {proc.describe_status(status)}"
+        self._report("restart", "runner_killed" if result.kind != CRASHED else "runner_crashed")
+
+    # one task
+
+    def _handle(self, claimed: Claimed) -> tuple[Any, ...]:
+        margin = self.settings.lease_margin
+        deadline = claimed.deadline(margin)
+        started = time.monotonic()
+        if past(deadline):
+            result = not_started(claimed)
+        elif self.runner is None:
+            result = Result(SHUTDOWN if self.stopping else CRASHED, "no runner available")
+        else:
+            result = self._watch(claimed, self.runner, deadline)
+            if result.duration is None and result.kind in (KILLED, SHUTDOWN, CRASHED):
+                result.duration = time.monotonic() - started
+        if self.runner is None and not self.stopping:
+            self._spawn_runner()
+        settlement = self._settle(claimed, result)
+        delay = max(0.0, (claimed.claimed_at - claimed.run_at).total_seconds())
+        return (
+            claimed.id,
+            claimed.task_type,
+            str(settlement.outcome),
+            settlement.duration,
+            None if result.kind == KILLED and result.duration is None else delay,
+        )
+
+    def _watch(self, claimed: Claimed, runner_: Runner, deadline: datetime) -> Result:
+        now = time.monotonic()
+        t_interrupt = now + (deadline - datetime.now(UTC)).total_seconds()
+        t_kill = t_interrupt + self.settings.kill_grace.total_seconds()
+        t_shutdown: float | None = None
+        interrupted = False
+        advanced = False
+        ceiling = int(
+            (
+                claimed.lease_expires_at - claimed.claimed_at - self.settings.lease_margin
+            ).total_seconds()
+        )
+        runner_.conn.send(("run", claimed.task(), deadline))
+        runner_.tasks += 1
+        while True:
+            now = time.monotonic()
+            if self.stopping and t_shutdown is None:
+                proc.kill_group(runner_.pid, runner.CANCEL)
+                t_shutdown = now + self.settings.shutdown_grace.total_seconds()
+            if self.hurry:
+                t_shutdown = now
+            if t_shutdown is not None and now >= t_shutdown:
+                self._runner_died(Result(SHUTDOWN))
+                return Result(SHUTDOWN, "still running when the shutdown grace ran out", advanced)
+            if now >= t_kill:
+                self._runner_died(Result(KILLED))
+                return Result(
+                    KILLED,
+                    f"killed {self.settings.kill_grace.total_seconds():g}s after its deadline",
+                    advanced,
+                    True,
+                )
+            if now >= t_interrupt and not interrupted:
+                interrupted = True
+                try:
+                    os.kill(runner_.pid, runner.INTERRUPT)
+                except ProcessLookupError:
+                    pass
+            elapsed = int(time.monotonic() - (t_interrupt - ceiling))
+            proc.set_title(
+                f"slot {self.spec.number} running {claimed.task_type}#{claimed.id} "
+                f"{max(elapsed, 0)}s/{ceiling}s"
+            )
+            steps = [t for t in (t_kill, t_shutdown) if t is not None]
+            if not interrupted:
+                steps.append(t_interrupt)
+            timeout = max(0.0, min(min(steps), now + 1.0) - now)
+            ready = wait([runner_.conn, runner_.watch, self.selfpipe], timeout=timeout)
+            if self.selfpipe in ready:
+                self.selfpipe.drain()
+            if runner_.conn in ready:
+                try:
+                    message = runner_.conn.recv()
+                except (EOFError, OSError):
+                    message = None
+                if message is not None and message[0] == "result":
+                    result: Result = message[1]
+                    result.advanced = result.advanced or advanced
+                    self.crashes = 0
+                    return result
+                if message is not None and message[0] == "cursor":
+                    ok = self._advance(claimed, message[1])
+                    advanced = advanced or ok
+                    runner_.conn.send(("cursor_ok", ok))
+                    continue
+            if (runner_.watch in ready or runner_.conn in ready) and runner_.watch.wait(
+                1.0
+            ) is not None:
+                result = Result(CRASHED, "runner died under the handler", advanced)
+                self._runner_died(result)
+                return result
+
+    def _advance(self, claimed: Claimed, payload: dict[str, Any]) -> bool:
+        return bool(
+            self._with_db(
+                lambda repo: repo.advance_cursor(claimed.id, claimed.token, payload), claimed
+            )
+        )
+
+    def _settle(self, claimed: Claimed, result: Result) -> Settlement:
+        faults = self.spec.faults
+        if faults is not None and faults.lose_settlement():
+            return Settlement(Outcome.LOST, False, result.duration)
+        settled = self._with_db(
+            lambda repo: settle(
+                repo, claimed, result, shutting_down=self.stopping, logger=self.log
+            ),
+            claimed,
+        )
+        return settled if settled is not None else Settlement(Outcome.LOST, False, result.duration)
+
+    def _with_db(self, write: Any, claimed: Claimed) -> Any:
+        """A write about a claimed task, retried across reconnects while the lease is still
+        ours; past the lease there is nothing left to protect."""
+        while True:
+            try:
+                if self.repo is None:
+                    self._connect()
+                assert self.repo is not None
+                return write(self.repo)
+            except psycopg.OperationalError as exc:
+                if datetime.now(UTC) >= claimed.lease_expires_at or self.hurry:
+                    self.log.error("giving up a settlement: the lease has lapsed (%s)", exc)
+                    return None
+                self._reconnect(exc)
+
+
+def _registry_view(types: list[str], ceilings: list[float]) -> Registry:
+    """What the runner (possibly with new code) can run, for the claim's type list."""
+    from datetime import timedelta
+
+    view = Registry()
+    for name, ceiling in zip(types, ceilings, strict=True):
+        view.register(name, _unreachable, ceiling=timedelta(seconds=ceiling))
+    return view
+
+
+def _unreachable(task: Any, ctx: Any) -> None:
+    raise AssertionError("the slot never runs handlers itself")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return db.redact(text.splitlines()[0] if text else type(exc).__name__)
+
+
+def run_slot(spec: SlotSpec, sup: Connection) -> NoReturn:
+    Slot(spec, sup).main()

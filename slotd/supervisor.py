@@ -1,0 +1,499 @@
+"""The supervisor: holds the LISTEN connection and the shared ticker, hands wake tokens to
+one idle slot at a time, forks and reaps slots, and leads shutdown and reload.
+
+One loop, one `wait` over the LISTEN socket, the signal self-pipe, the slots' pipes and the
+slots' exit descriptors, with the next timer as its timeout. Signal handlers only record.
+It never runs handler code and never uses a connection in a child it forked."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import psycopg
+
+from slotd import db, proc, repository, sdnotify
+from slotd.config import Settings
+from slotd.outcome import CRASHED, SHUTDOWN
+from slotd.processor import Result, settle
+from slotd.registry import Registry
+from slotd.repository import Claimed, Repository
+from slotd.slot import SlotSpec, run_slot
+from slotd.wake import Tokens
+
+log = logging.getLogger("slotd.supervisor")
+
+HEARTBEAT_EVERY = 30.0
+CHORES_EVERY = 600.0
+SLOT_BACKOFF_CAP = 30.0
+
+
+@dataclass
+class SlotHandle:
+    number: int
+    pid: int
+    conn: Connection
+    watch: proc.ChildWatch
+    started: float = field(default_factory=time.monotonic)
+    ready: bool = False
+    busy: bool = False
+    lease: Claimed | None = None
+    runner_pid: int | None = None
+
+
+class Supervisor:
+    def __init__(
+        self,
+        app: str,
+        registry: Registry,
+        settings: Settings,
+        write_url: str,
+        read_url: str | None = None,
+        faults: Any = None,
+    ) -> None:
+        self.app = app
+        self.registry = registry
+        self.settings = settings
+        self.write_url = write_url
+        self.read_url = read_url
+        self.faults = faults
+        self.replica_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.slots: dict[int, SlotHandle] = {}
+        self.respawn_at: dict[int, float] = {}
+        self.slot_failures: dict[int, int] = {}
+        self.tokens = Tokens(self._send_token)
+        self.listen_conn: psycopg.Connection[Any] | None = None
+        self.listen_retry_at = 0.0
+        self.listen_backoff = 0.5
+        self.chores: Repository | None = None
+        self.stopping = False
+        self.stop_deadline: float | None = None
+        self.signals: list[int] = []
+        self.reload_queue: list[int] = []
+        self.announced_ready = False
+        self.loop_seen = time.monotonic()
+        self.metrics: Any = None
+        self.server: Any = None
+
+    # public
+
+    def run(self) -> int:
+        proc.set_title(f"supervisor {self.app} ({self.settings.slots} slots)")
+        self.selfpipe = proc.SelfPipe()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, self._on_signal)
+        self._start_metrics()
+        for number in range(self.settings.slots):
+            self._spawn(number)
+        next_tick = time.monotonic() + self.settings.poll_interval.total_seconds()
+        next_heartbeat = 0.0
+        next_chores = time.monotonic() + 60.0
+        watchdog_every = sdnotify.watchdog_interval()
+        next_watchdog = 0.0
+        while self.slots or not self.stopping:
+            now = time.monotonic()
+            self.loop_seen = now
+            self._handle_signals()
+            if not self.stopping:
+                self._respawn_due(now)
+                if self.listen_conn is None and now >= self.listen_retry_at:
+                    self._listen()
+                if now >= next_tick:
+                    self.tokens.offer(remember=False)
+                    next_tick = now + self.settings.poll_interval.total_seconds()
+                if now >= next_heartbeat:
+                    self._heartbeat()
+                    next_heartbeat = now + HEARTBEAT_EVERY
+                if now >= next_chores:
+                    self._chores()
+                    next_chores = now + CHORES_EVERY
+            elif self.stop_deadline is not None and now >= self.stop_deadline:
+                self._kill_remaining()
+            if watchdog_every and now >= next_watchdog:
+                sdnotify.notify("WATCHDOG=1")
+                next_watchdog = now + watchdog_every
+            timers = [next_tick, next_heartbeat, *self.respawn_at.values()]
+            if self.listen_conn is None and not self.stopping:
+                timers.append(self.listen_retry_at)
+            if self.stop_deadline is not None:
+                timers.append(self.stop_deadline)
+            if watchdog_every:
+                timers.append(next_watchdog)
+            timeout = max(0.0, min(timers) - time.monotonic())
+            self._dispatch(wait(self._watched(), timeout=timeout))
+        self._finish()
+        return 0
+
+    # signals
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.signals.append(signum)
+
+    def _handle_signals(self) -> None:
+        while self.signals:
+            signum = self.signals.pop(0)
+            if signum in (signal.SIGTERM, signal.SIGINT):
+                self._begin_stop()
+            elif signum == signal.SIGHUP and not self.stopping:
+                log.info("SIGHUP: replacing runners one slot at a time, between tasks")
+                self.reload_queue = sorted(self.slots)
+                self._reload_next()
+
+    def _begin_stop(self) -> None:
+        if self.stopping:
+            log.warning("second stop signal: cutting the shutdown grace short")
+            for handle in self.slots.values():
+                _signal(handle.pid, signal.SIGTERM)
+            self.stop_deadline = time.monotonic() + self.settings.kill_grace.total_seconds() + 5
+            return
+        self.stopping = True
+        sdnotify.notify("STOPPING=1", f"STATUS=stopping: releasing {self._in_flight()} leases")
+        log.info(
+            "stopping: cancelling %d in-flight tasks, grace %ss",
+            self._in_flight(),
+            self.settings.shutdown_grace.total_seconds(),
+        )
+        for handle in self.slots.values():
+            _signal(handle.pid, signal.SIGTERM)
+        self.respawn_at.clear()
+        grace = self.settings.shutdown_grace + self.settings.kill_grace
+        self.stop_deadline = time.monotonic() + grace.total_seconds() + 10.0
+
+    def _reload_next(self) -> None:
+        while self.reload_queue:
+            number = self.reload_queue.pop(0)
+            handle = self.slots.get(number)
+            if handle is not None:
+                _signal(handle.pid, signal.SIGHUP)
+                return
+        log.info("reload complete")
+
+    # slots
+
+    def _spawn(self, number: int) -> None:
+        ours, theirs = socket.socketpair()
+        spec = SlotSpec(
+            number,
+            self.app,
+            self.registry,
+            self.settings,
+            self.write_url,
+            self.read_url,
+            self.faults,
+        )
+        pid = os.fork()
+        if pid == 0:
+            try:  # a forked child never returns into the supervisor's stack
+                ours.close()
+                self._forget_in_child()
+                run_slot(spec, Connection(theirs.detach()))
+            finally:
+                os._exit(1)
+        theirs.close()
+        self.slots[number] = SlotHandle(
+            number, pid, Connection(ours.detach()), proc.ChildWatch(pid)
+        )
+        self.respawn_at.pop(number, None)
+
+    def _forget_in_child(self) -> None:
+        # The child keeps nothing of the supervisor's: not the other slots' pipes (their EOF
+        # is how a dead peer is noticed), not the self-pipe, not the metrics socket.
+        for handle in self.slots.values():
+            handle.conn.close()
+            handle.watch.close()
+        self.selfpipe.close()
+        if self.server is not None:
+            try:
+                os.close(self.server.fileno())
+            except OSError:
+                pass
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+
+    def _watched(self) -> list[Any]:
+        watched: list[Any] = [self.selfpipe]
+        if self.listen_conn is not None:
+            watched.append(self.listen_conn.pgconn.socket)
+        for handle in self.slots.values():
+            watched.append(handle.conn)
+            if handle.watch.fd is not None:
+                watched.append(handle.watch)
+        return watched
+
+    def _dispatch(self, ready: list[Any]) -> None:
+        if self.selfpipe in ready:
+            self.selfpipe.drain()
+        if self.listen_conn is not None and self.listen_conn.pgconn.socket in ready:
+            self._notifications()
+        for handle in list(self.slots.values()):
+            if handle.conn in ready:
+                self._from_slot(handle)
+        for handle in list(self.slots.values()):
+            if handle.watch.poll() is not None:
+                self._slot_exited(handle)
+
+    def _from_slot(self, handle: SlotHandle) -> None:
+        while handle.conn.poll():
+            try:
+                message = handle.conn.recv()
+            except (EOFError, OSError):
+                return
+            kind = message[0]
+            if kind == "idle":
+                handle.busy = False
+                self.tokens.slot_idle(handle.number)
+            elif kind == "claimed":
+                handle.lease, handle.runner_pid = message[1], message[2]
+                self.tokens.offer(remember=False)  # the cascade
+            elif kind == "settled":
+                handle.lease = None
+                _, _, task_type, outcome, duration, delay = message
+                if self.metrics is not None:
+                    self.metrics.record_outcome(task_type, outcome, duration, delay)
+            elif kind == "empty":
+                if self.metrics is not None:
+                    self.metrics.record_empty_claim()
+            elif kind == "restart":
+                if self.metrics is not None:
+                    self.metrics.record_restart(message[1])
+            elif kind == "fault":
+                if self.metrics is not None:
+                    self.metrics.record_fault(message[1])
+            elif kind == "ready":
+                handle.ready = True
+                self.slot_failures.pop(handle.number, None)
+                self._maybe_ready()
+            elif kind == "reloaded":
+                self._reload_next()
+
+    def _send_token(self, number: int) -> None:
+        handle = self.slots.get(number)
+        if handle is None:
+            return
+        handle.busy = True
+        try:
+            handle.conn.send(("wake",))
+        except OSError:
+            pass  # the slot is dying; its exit is handled on the next pass
+
+    def _slot_exited(self, handle: SlotHandle) -> None:
+        status = handle.watch.poll()
+        self._from_slot(handle)  # whatever it said before it went
+        del self.slots[handle.number]
+        self.tokens.slot_gone(handle.number)
+        handle.conn.close()
+        handle.watch.close()
+        if handle.runner_pid:
+            proc.kill_group(handle.runner_pid, signal.SIGKILL)
+        if handle.lease is not None:
+            self._settle_orphan(handle.lease)
+        if self.stopping:
+            return
+        failures = self.slot_failures.get(handle.number, 0) + 1
+        self.slot_failures[handle.number] = failures
+        delay = min(0.5 * 2 ** (failures - 1), SLOT_BACKOFF_CAP) if failures > 1 else 0.0
+        log.error(
+            "slot %d %s; restarting it%s",
+            handle.number,
+            proc.describe_status(status),
+            f" in {delay:.1f}s" if delay else "",
+        )
+        if self.metrics is not None:
+            self.metrics.record_restart("slot_died")
+        self.respawn_at[handle.number] = time.monotonic() + delay
+
+    def _respawn_due(self, now: float) -> None:
+        for number, when in list(self.respawn_at.items()):
+            if now >= when:
+                self._spawn(number)
+
+    def _settle_orphan(self, lease: Claimed) -> None:
+        """A slot died holding a lease it had reported: settle it now, fenced, rather than
+        leaving the row to wait out ceiling + margin."""
+        kind = SHUTDOWN if self.stopping else CRASHED
+        try:
+            repo = self._chores_repo()
+            settled = settle(
+                repo, lease, Result(kind, "its slot died"), shutting_down=self.stopping
+            )
+            if self.metrics is not None:
+                self.metrics.record_outcome(lease.task_type, str(settled.outcome), None, None)
+        except psycopg.Error as exc:
+            log.error("could not settle task %s of a dead slot: %s", lease.id, _first_line(exc))
+            self.chores = None
+
+    def _kill_remaining(self) -> None:
+        for handle in list(self.slots.values()):
+            log.error("slot %d did not stop in time; killing it", handle.number)
+            proc.kill_group(handle.pid, signal.SIGKILL)
+            if handle.runner_pid:
+                proc.kill_group(handle.runner_pid, signal.SIGKILL)
+        self.stop_deadline = None
+
+    def _in_flight(self) -> int:
+        return sum(1 for h in self.slots.values() if h.lease is not None)
+
+    def _maybe_ready(self) -> None:
+        ready = self.listen_conn is not None and all(h.ready for h in self.slots.values())
+        if ready and not self.announced_ready and len(self.slots) == self.settings.slots:
+            self.announced_ready = True
+            log.info(
+                "serving %s with %d slots (%s)",
+                self.app,
+                self.settings.slots,
+                ", ".join(self.registry.types),
+            )
+            sdnotify.notify("READY=1", f"STATUS=serving with {self.settings.slots} slots")
+
+    # the database
+
+    def _listen(self) -> None:
+        try:
+            conn = db.connect(self.write_url, role="slotd listen")
+            repository.listen(conn)
+        except psycopg.OperationalError as exc:
+            log.warning(
+                "database unreachable, retrying in %.1fs: %s", self.listen_backoff, _first_line(exc)
+            )
+            self.listen_retry_at = time.monotonic() + self.listen_backoff
+            self.listen_backoff = min(self.listen_backoff * 2, 30.0)
+            return
+        self.listen_conn = conn
+        self.listen_backoff = 0.5
+        # Notifications sent while we were deaf are lost: look once now, not at the next tick.
+        self.tokens.offer()
+        self._maybe_ready()
+
+    def _notifications(self) -> None:
+        conn = self.listen_conn
+        assert conn is not None
+        try:
+            conn.pgconn.consume_input()
+            woken = False
+            while conn.pgconn.notifies() is not None:
+                woken = True
+            if conn.pgconn.status != psycopg.pq.ConnStatus.OK:
+                raise psycopg.OperationalError("LISTEN connection closed")
+        except (psycopg.Error, OSError) as exc:
+            self._lost_listen(exc)
+            return
+        if woken:
+            self.tokens.offer()
+
+    def _lost_listen(self, exc: BaseException) -> None:
+        log.warning("lost the LISTEN connection (%s); reconnecting", _first_line(exc))
+        try:
+            assert self.listen_conn is not None
+            self.listen_conn.close()
+        except Exception:  # noqa: BLE001
+            pass
+        self.listen_conn = None
+        self.listen_retry_at = time.monotonic() + 0.2
+
+    def _chores_repo(self) -> Repository:
+        if self.chores is None:
+            conn = db.connect(self.write_url, role="slotd chores")
+            self.chores = Repository.from_settings(self.settings, conn)
+        return self.chores
+
+    def _heartbeat(self) -> None:
+        try:
+            self._chores_repo().heartbeat(
+                self.replica_id,
+                socket.gethostname(),
+                os.getpid(),
+                self.settings.slots,
+                self.registry.types,
+            )
+        except psycopg.Error as exc:
+            log.warning("heartbeat failed: %s", _first_line(exc))
+            self.chores = None
+        if self.listen_conn is not None:
+            # The LISTEN socket can die silently; a cheap round trip proves it alive.
+            try:
+                self.listen_conn.execute("SELECT 1")
+            except psycopg.Error as exc:
+                self._lost_listen(exc)
+        sdnotify.notify(f"STATUS=serving: {len(self.slots)} slots, {self._in_flight()} in flight")
+
+    def _chores(self) -> None:
+        try:
+            from slotd import maintenance
+
+            maintenance.hourly_cleanup(self._chores_repo(), self.settings.retention, log)
+        except ImportError:
+            pass
+        except psycopg.Error as exc:
+            log.warning("retention cleanup failed: %s", _first_line(exc))
+            self.chores = None
+
+    # metrics and the end
+
+    def _start_metrics(self) -> None:
+        addr = self.settings.metrics_addr
+        if addr in ("", "off", "none"):
+            return
+        try:
+            from slotd import metrics
+        except ImportError:
+            return
+        self.metrics = metrics.Metrics(
+            self.settings.slots,
+            self.registry.types,
+            metrics.db_gauge_source(self.read_url or self.write_url),
+        )
+        self.server = metrics.serve(addr, self.metrics, self._health, self._readiness)
+        log.info("metrics on %s/metrics", self.server.url)
+
+    def _health(self) -> tuple[bool, str]:
+        alive = len(self.slots)
+        stale = time.monotonic() - self.loop_seen
+        if stale > 3 * self.settings.poll_interval.total_seconds() + 5:
+            return False, f"supervisor loop stalled for {stale:.0f}s"
+        if alive < self.settings.slots and not self.stopping:
+            return False, f"{alive}/{self.settings.slots} slots up"
+        return True, f"{alive}/{self.settings.slots} slots up"
+
+    def _readiness(self) -> tuple[bool, str]:
+        if self.stopping:
+            return False, "stopping"
+        if self.listen_conn is None:
+            return False, "not listening"
+        if not self.announced_ready:
+            return False, "slots starting"
+        return True, "listening"
+
+    def _finish(self) -> None:
+        try:
+            if self.chores is not None:
+                self.chores.replica_gone(self.replica_id)
+        except psycopg.Error:
+            pass
+        for conn in (self.listen_conn, self.chores.write if self.chores else None):
+            if conn is not None:
+                try:
+                    conn.close()
+                except Exception:  # noqa: BLE001
+                    pass
+        if self.server is not None:
+            self.server.close()
+        log.info("stopped")
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return db.redact(text.splitlines()[0] if text else type(exc).__name__)

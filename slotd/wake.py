@@ -1,0 +1,44 @@
+"""Wake tokens: which idle slot goes next, and how a burst collapses.
+
+Every source of "there may be work" (a NOTIFY, the shared ticker, a slot that just claimed
+something) asks for one token. A token goes to exactly one idle slot; with none idle it is
+remembered as a single pending token, so a burst of notifications while every slot is busy
+turns into at most one discovery later, not one per notification."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class Tokens:
+    def __init__(self, send: Callable[[int], None]) -> None:
+        self._send = send
+        self._idle: list[int] = []  # most recently idle last: it is the warmest
+        self.pending = False
+
+    @property
+    def idle(self) -> list[int]:
+        return list(self._idle)
+
+    def offer(self, *, remember: bool = True) -> bool:
+        """Hand one token to an idle slot. `remember=False` (the ticker, the cascade) drops
+        it when every slot is busy: busy slots go back to discovery on their own."""
+        if self._idle:
+            self._send(self._idle.pop())
+            return True
+        if remember:
+            self.pending = True
+        return False
+
+    def slot_idle(self, number: int) -> None:
+        if number in self._idle:
+            return
+        if self.pending:
+            self.pending = False
+            self._send(number)
+        else:
+            self._idle.append(number)
+
+    def slot_gone(self, number: int) -> None:
+        if number in self._idle:
+            self._idle.remove(number)

@@ -1,0 +1,118 @@
+"""Handlers that misbehave on purpose, for the runtime tests. Each records its start and end
+in `executions` on its own connection, as an application's handler would write its own data."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+import slotd
+
+registry = slotd.Registry()
+SHORT = timedelta(seconds=1)
+
+
+def _record(task: slotd.Task, phase: str, **extra: Any) -> None:
+    with psycopg.connect(os.environ["SLOTD_DATABASE_URL"], autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO executions (task_id, attempt, phase, pid, note) VALUES (%s,%s,%s,%s,%s)",
+            (task.id, task.attempt, phase, os.getpid(), extra.get("note")),
+        )
+
+
+@registry.handler("rt.noop", ceiling=timedelta(seconds=30))
+def noop(task: slotd.Task, ctx: slotd.Context) -> None:
+    _record(task, "start")
+    _record(task, "end")
+
+
+@registry.handler("rt.quick", ceiling=timedelta(seconds=30))
+def quick(task: slotd.Task, ctx: slotd.Context) -> None:
+    pass
+
+
+@registry.handler("rt.spin", ceiling=SHORT)
+def spin(task: slotd.Task, ctx: slotd.Context) -> None:
+    _record(task, "start")
+    while True:  # ignores its context entirely
+        pass
+
+
+@registry.handler("rt.sleep", ceiling=SHORT)
+def sleep(task: slotd.Task, ctx: slotd.Context) -> None:
+    _record(task, "start")
+    time.sleep(3600)
+
+
+@registry.handler("rt.recv", ceiling=SHORT)
+def recv(task: slotd.Task, ctx: slotd.Context) -> None:
+    a, b = socket.socketpair()
+    _record(task, "start")
+    a.recv(1)
+
+
+@registry.handler("rt.gil", ceiling=SHORT)
+def gil(task: slotd.Task, ctx: slotd.Context) -> None:
+    _record(task, "start")
+    # One C call that never releases the GIL: no Python signal handler can run inside it.
+    sum(range(10**14))
+
+
+@registry.handler("rt.grandchild", ceiling=SHORT)
+def grandchild(task: slotd.Task, ctx: slotd.Context) -> None:
+    child = subprocess.Popen(["sleep", "3600"])
+    _record(task, "start", note=str(child.pid))
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # dodge the interrupt: only a kill ends it
+    child.wait()
+
+
+@registry.handler("rt.crash", ceiling=timedelta(seconds=30))
+def crash(task: slotd.Task, ctx: slotd.Context) -> None:
+    _record(task, "start")
+    os._exit(3)
+
+
+@registry.handler("rt.segv", ceiling=timedelta(seconds=30))
+def segv(task: slotd.Task, ctx: slotd.Context) -> None:
+    _record(task, "start")
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+@registry.handler("rt.polite", ceiling=timedelta(seconds=60))
+def polite(task: slotd.Task, ctx: slotd.Context) -> None:
+    """Runs until cancelled; checks its context like a well-behaved handler."""
+    _record(task, "start")
+    while not ctx.cancelled:
+        time.sleep(0.02)
+    _record(task, "end", note="cancelled")
+    ctx.check()
+
+
+@registry.handler("rt.stubborn_long", ceiling=timedelta(seconds=60))
+def stubborn_long(task: slotd.Task, ctx: slotd.Context) -> None:
+    """Ignores shutdown too: only the shutdown grace's kill ends it."""
+    _record(task, "start")
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    time.sleep(3600)
+
+
+@registry.handler("rt.sliced", ceiling=timedelta(seconds=30))
+def sliced(task: slotd.Task, ctx: slotd.Context) -> bool:
+    cursor = task.payload.get("cursor", 0)
+    _record(task, "start", note=str(cursor))
+    if cursor >= 3:
+        return True
+    ctx.advance_cursor({"cursor": cursor + 1})
+    return False
+
+
+@registry.handler("rt.version", ceiling=timedelta(seconds=30))
+def version(task: slotd.Task, ctx: slotd.Context) -> None:
+    _record(task, "start", note=os.environ.get("RT_VERSION_NOTE", "v1"))

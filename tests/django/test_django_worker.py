@@ -1,0 +1,79 @@
+"""End to end: `slotd run --app slotd.contrib.django.worker:registry` runs Django tasks in
+its runner processes (django.setup() there), with results and signals as in the tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("django", minversion="6.0")
+
+from django.tasks import TaskResultStatus  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent.parent
+
+
+def test_slotd_run_executes_django_tasks(django_db_url: str) -> None:
+    from django_project.shop.tasks import add, async_double, explode
+
+    if not (TESTS.parent / "slotd" / "supervisor.py").exists():
+        pytest.skip("slotd run is not available in this checkout")
+    summed, doubled, failed = add.enqueue(20, 22), async_double.enqueue(4), explode.enqueue("x")
+    env = {
+        **os.environ,
+        "SLOTD_DATABASE_URL": django_db_url,
+        "DJANGO_SETTINGS_MODULE": "django_project.settings",
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+        "SLOTD_BACKOFF_BASE": "1s",
+        "SLOTD_BACKOFF_CAP": "1s",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "slotd",
+        "run",
+        "--app",
+        "slotd.contrib.django.worker:registry",
+        "--slots",
+        "2",
+        "--metrics-addr",
+        "off",
+    ]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            states = [
+                add.get_result(summed.id),
+                async_double.get_result(doubled.id),
+                explode.get_result(failed.id),
+            ]
+            if all(s.status == TaskResultStatus.SUCCESSFUL for s in states[:2]) and (
+                states[2].attempts == 3 and states[2].status == TaskResultStatus.FAILED
+            ):
+                break
+            try:  # waits for the daemon (an early exit ends the wait), not for time
+                proc.wait(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+        assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+        first, second, third = states
+        assert first.return_value == {"sum": 42, "parts": [20, 22]}
+        assert second.return_value == 8
+        assert third.status == TaskResultStatus.FAILED and third.attempts == 3, third
+        assert len(set(first.worker_ids + second.worker_ids)) >= 1
+        assert all(":" in w for w in first.worker_ids)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

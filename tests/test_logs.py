@@ -1,0 +1,114 @@
+"""Log lines: the text and JSON shapes, the task fields, and no database password ever."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from slotd import logs
+
+URL = "postgresql://slotd:hunter2@db.internal:5432/jobs"
+
+
+@pytest.fixture
+def root_restored() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)
+
+
+def emit(fmt: str, role: str = "supervisor") -> tuple[io.StringIO, logging.Logger]:
+    stream = io.StringIO()
+    logs.configure(fmt, role=role, stream=stream)
+    return stream, logging.getLogger("slotd.test")
+
+
+OUTCOME_FIELDS = {
+    "task_id": 42,
+    "task_type": "prefix_delete",
+    "attempt": 3,
+    "slot": 1,
+    "outcome": "success",
+    "duration": 0.01234567,
+}
+
+
+def test_text_line_has_time_level_role_message_and_fields(root_restored: None) -> None:
+    stream, log = emit("text", role="slot-1")
+    log.info("task prefix_delete#42 attempt 3: success", extra=OUTCOME_FIELDS)
+    (line,) = stream.getvalue().splitlines()
+    stamp, level, role, rest = line.split(None, 3)
+    assert stamp.endswith("Z") and "T" in stamp
+    assert (level, role) == ("INFO", "slot-1")
+    assert rest.startswith("task prefix_delete#42 attempt 3: success  ")
+    assert rest.endswith(
+        "task_id=42 task_type=prefix_delete attempt=3 slot=1 outcome=success duration=0.0123457"
+    )
+
+
+def test_text_quotes_values_that_would_break_key_value(root_restored: None) -> None:
+    stream, log = emit("text")
+    log.warning("slice stopped early on a page read", extra={"cursor": "org 7", "pages_read": 2})
+    assert stream.getvalue().rstrip().endswith('cursor="org 7" pages_read=2')
+
+
+def test_json_is_one_object_per_line_with_the_same_fields(root_restored: None) -> None:
+    stream, log = emit("json", role="runner")
+    log.info("first", extra=OUTCOME_FIELDS)
+    log.warning("second")
+    first, second = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert first["level"] == "info" and first["role"] == "runner" and first["message"] == "first"
+    assert {k: first[k] for k in OUTCOME_FIELDS} == OUTCOME_FIELDS
+    assert first["time"].endswith("Z")
+    assert second["level"] == "warning" and "task_id" not in second
+
+
+def test_level_filters(root_restored: None) -> None:
+    stream = io.StringIO()
+    logs.configure("text", level=logging.WARNING, stream=stream)
+    logging.getLogger("slotd.test").info("hidden")
+    logging.getLogger("slotd.test").warning("shown")
+    assert stream.getvalue().count("\n") == 1 and "shown" in stream.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_url_password_never_reaches_a_line(fmt: str, root_restored: None) -> None:
+    stream, log = emit(fmt)
+    log.error("cannot connect to %s", URL, extra={"url": URL, "nested": {"dsn": URL}})
+    log.warning("conninfo host=db password=hunter2 user=slotd")
+    try:
+        raise ConnectionError(f"connection to {URL} refused")
+    except ConnectionError:
+        log.exception("database gone")
+    out = stream.getvalue()
+    assert "hunter2" not in out
+    assert "slotd:***@db.internal" in out
+    if fmt == "json":
+        lines = [json.loads(line) for line in out.splitlines()]
+        assert len(lines) == 3 and "ConnectionError" in lines[2]["exc"]
+
+
+def test_configure_twice_replaces_its_own_handler_only(root_restored: None) -> None:
+    other = logging.NullHandler()
+    logging.getLogger().addHandler(other)
+    first = io.StringIO()
+    logs.configure("text", stream=first)
+    stream, log = emit("json", role="slot-2")
+    log.info("once")
+    assert first.getvalue() == ""
+    assert len(stream.getvalue().splitlines()) == 1
+    assert other in logging.getLogger().handlers
+    logging.getLogger().removeHandler(other)
+
+
+def test_bad_format_is_refused() -> None:
+    with pytest.raises(ValueError):
+        logs.configure("yaml")
