@@ -23,6 +23,9 @@ class SlotdGroup(click.Group):
         except ConfigError as exc:
             click.echo(f"slotd: {exc}", err=True)
             sys.exit(2)
+        except click.UsageError as exc:
+            click.echo(f"slotd: {exc.format_message()}", err=True)
+            sys.exit(2)
         except psycopg.Error as exc:
             first = db.redact(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
             click.echo(f"slotd: database error: {first}", err=True)

@@ -13,7 +13,7 @@ import pwd
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from slotd.errors import SlotdError
@@ -68,6 +68,9 @@ class LocalPostgres:
     socket_dir: Path
     port: int = 5432
     fast: bool = False  # tests and benchmarks' throwaway servers: no fsync
+    # Further server options, e.g. "-c shared_preload_libraries=pg_stat_statements" for the
+    # benchmark; passed after our own so they win.
+    extra_options: list[str] = field(default_factory=list)
 
     @property
     def datadir(self) -> Path:
@@ -160,6 +163,7 @@ class LocalPostgres:
         ]
         if self.fast:
             options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
+        options += self.extra_options
         self._cmd(
             [
                 str(find_bindir() / "pg_ctl"),

@@ -302,8 +302,8 @@ class Repository:
         return count == 1
 
     def release(self, task_id: int, token: uuid.UUID, reason: str) -> bool:
-        count, _ = self._write("release", {"id": task_id, "token": token, "reason": reason})
-        return count == 1
+        _, rows = self._write("release", {"id": task_id, "token": token, "reason": reason})
+        return len(rows) == 1
 
     # fleet view and maintenance (autocommit statements on the write lane)
 
@@ -399,6 +399,14 @@ class Repository:
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
     # test modes only
+
+    def live_tasks(self, task_type: str | None = None, leased_only: bool = False) -> list[Task]:
+        params = {"task_type": task_type, "leased_only": leased_only}
+        return [Task(*row) for row in self.write.execute(_sql("live_tasks"), params).fetchall()]
+
+    def lease_of(self, task_id: int) -> tuple[uuid.UUID | None, bool] | None:
+        row = self.write.execute(_sql("lease_of"), {"id": task_id}).fetchone()
+        return (row[0], bool(row[1])) if row else None
 
     def shift_time(self, seconds: float) -> None:
         self.write.execute(_sql("set_time_offset"), {"seconds": seconds})

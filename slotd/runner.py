@@ -66,6 +66,8 @@ def serve(
     signal.signal(INTERRUPT, _on_interrupt)
     signal.set_wakeup_fd(-1)
     proc.set_title(f"runner {slot_no} idle")
+    if faults is not None:  # counted by the supervisor, by way of the slot
+        faults.on_fault = lambda kind: conn.send(("fault", kind))
     conn.send(("hello", registry.types, registry.ceilings_seconds))
     code = 0
     try:

@@ -103,6 +103,8 @@ class Slot:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which leads
         signal.signal(signal.SIGHUP, self._on_hup)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        if self.spec.faults is not None:
+            self.spec.faults.on_fault = lambda kind: self._report("fault", kind)
         self._connect()
         self._spawn_runner()
         self._report("ready")
@@ -387,6 +389,9 @@ class Slot:
                     result.advanced = result.advanced or advanced
                     self.crashes = 0
                     return result
+                if message is not None and message[0] == "fault":
+                    self._report("fault", message[1])
+                    continue
                 if message is not None and message[0] == "cursor":
                     ok = self._advance(claimed, message[1])
                     advanced = advanced or ok

@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from slotd import db, proc, repository, sdnotify
+from slotd import db, maintenance, proc, repository, sdnotify
 from slotd.config import Settings
 from slotd.outcome import CRASHED, SHUTDOWN
 from slotd.processor import Result, settle
@@ -425,11 +425,7 @@ class Supervisor:
 
     def _chores(self) -> None:
         try:
-            from slotd import maintenance
-
             maintenance.hourly_cleanup(self._chores_repo(), self.settings.retention, log)
-        except ImportError:
-            pass
         except psycopg.Error as exc:
             log.warning("retention cleanup failed: %s", _first_line(exc))
             self.chores = None
@@ -440,10 +436,12 @@ class Supervisor:
         addr = self.settings.metrics_addr
         if addr in ("", "off", "none"):
             return
-        try:
-            from slotd import metrics
-        except ImportError:
-            return
+        import prometheus_client
+
+        from slotd import metrics
+
+        # *_created series double the exposition and nobody alerts on them.
+        prometheus_client.disable_created_metrics()
         self.metrics = metrics.Metrics(
             self.settings.slots,
             self.registry.types,

@@ -152,23 +152,6 @@ log = logging.getLogger("slotd.testing")
 # The module, not the function of the same name that slotd/__init__ re-exports over it.
 _enqueue_module = importlib.import_module("slotd.enqueue")
 
-# Read-only views for assertions. They belong with the other statements in
-# sql/queries.sql; they are here until the repository grows them, and never write.
-_LIVE_ROWS = """
-SELECT t.id, t.task_type, t.payload, t.attempt_count, t.key, t.run_at
-FROM slotd_tasks t
-WHERE (t.attempt_count < t.max_attempts
-       OR (t.lease_expires_at IS NOT NULL AND t.lease_expires_at > now()))
-  AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
-  AND (NOT %(leased_only)s OR (t.lease_token IS NOT NULL AND t.lease_expires_at > now()))
-ORDER BY t.run_at, t.id
-"""
-_ROW_LEASE = """
-SELECT t.lease_token, (t.lease_expires_at IS NOT NULL AND t.lease_expires_at > now())
-FROM slotd_tasks t WHERE t.id = %(id)s
-"""
-
-
 class TaskFailed(AssertionError):
     """Eager mode with propagate=True: a handler run inline did not succeed."""
 
@@ -427,7 +410,7 @@ class ManualQueue:
         if last is None:
             raise RuntimeError("redeliver_last(): nothing has been delivered yet")
         self._begin()
-        row = self.conn.execute(_ROW_LEASE, {"id": last.id}).fetchone()
+        row = self.repo.lease_of(last.id)
         if row is not None and self._last_dropped and row[0] == last.token and row[1]:
             # Lapse only the dropped lease, by its own token: other leases keep theirs.
             self.repo.release(last.id, last.token, "lease lapsed (task_queue.redeliver_last)")
@@ -480,10 +463,7 @@ class ManualQueue:
 
     def _tasks(self, task_type: str | None, leased_only: bool) -> list[Task]:
         self._begin()
-        rows = self.conn.execute(
-            _LIVE_ROWS, {"task_type": task_type, "leased_only": leased_only}
-        ).fetchall()
-        return [Task(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
+        return self.repo.live_tasks(task_type, leased_only)
 
     def pending(self, task_type: str | None = None) -> list[Task]:
         """Every task still owed a run: due, delayed, backing off or leased; not dead.

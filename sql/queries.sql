@@ -127,13 +127,20 @@ WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
 
 -- name: release
 -- A rollout does not refund the attempt; on the final one the resulting dead letter
--- would otherwise carry no explanation, so the reason is stamped then.
-UPDATE slotd_tasks t
-SET lease_token = NULL,
-    lease_expires_at = NULL,
-    last_error = CASE WHEN t.attempt_count >= t.max_attempts THEN %(reason)s
-                      ELSE t.last_error END
-WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
+-- would otherwise carry no explanation, so the reason is stamped then. A released row is
+-- due at once, so the release wakes a slot (here or on another replica) in the same
+-- transaction instead of leaving the work to the next tick.
+WITH released AS (
+    UPDATE slotd_tasks t
+    SET lease_token = NULL,
+        lease_expires_at = NULL,
+        last_error = CASE WHEN t.attempt_count >= t.max_attempts THEN %(reason)s
+                          ELSE t.last_error END
+    WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
+    RETURNING t.id, t.attempt_count < t.max_attempts AS retryable
+)
+SELECT r.id FROM released r
+LEFT JOIN LATERAL (SELECT pg_notify('slotd_wake', '')) n ON r.retryable
 
 -- name: gauges
 -- One round trip for every fleet gauge; each branch is driven by its own partial index.
@@ -275,3 +282,14 @@ SELECT to_regclass('slotd_tasks') IS NOT NULL
 -- SET LOCAL for the gauge refresh's transaction: parallel workers would triple the CPU a
 -- background count takes from the primary for no gain in what the scrape reports.
 SELECT set_config('max_parallel_workers_per_gather', '0', true)
+
+-- name: live_tasks
+-- Test modes' views: every live task (or only the leased ones), in delivery order.
+SELECT t.id, t.task_type, t.payload, t.attempt_count, t.key, t.run_at
+FROM slotd_tasks t
+WHERE {live} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
+  AND (NOT %(leased_only)s OR (t.lease_token IS NOT NULL AND {lease_live}))
+ORDER BY t.run_at, t.id
+
+-- name: lease_of
+SELECT t.lease_token, {lease_live} FROM slotd_tasks t WHERE t.id = %(id)s

@@ -80,3 +80,30 @@ def produce(ctx: click.Context, rate: float, count: int | None, types: tuple[str
         except KeyboardInterrupt:
             pass
     click.echo(f"produced {produced} tasks", err=True)
+
+
+@examples.command()
+@click.option("--rate", default="2/s", show_default=True, callback=parse_rate,
+              help="how fast the producer enqueues")  # fmt: skip
+@click.option("--slots", type=click.IntRange(min=1), default=None, help="slot processes (4)")
+@click.pass_context
+def demo(ctx: click.Context, rate: float, slots: int | None) -> None:
+    """The example application end to end: a producer in the background and the daemon
+    in the foreground (Ctrl-C stops both). With no SLOTD_DATABASE_URL it all runs on the
+    embedded development database."""
+    import subprocess
+    import sys
+
+    from slotd.commands.run import run
+
+    settings: Settings = ctx.obj
+    db.primary_url(settings)  # create and start the embedded server once, before both use it
+    producer = subprocess.Popen(
+        [sys.executable, "-m", "slotd", "examples", "produce", "--rate", f"{rate}/s"],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        ctx.invoke(run, app="slotd.examples:registry", slots=slots, metrics_addr=None)
+    finally:
+        producer.terminate()
+        producer.wait(10)

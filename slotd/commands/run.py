@@ -30,13 +30,9 @@ def run(ctx: click.Context, app: str | None, slots: int | None, metrics_addr: st
         raise ConfigError("no application: pass --app MODULE:ATTR or set SLOTD_APP")
     sys.path.insert(0, os.getcwd())
     registry = load_registry(app)
-    faults = None
-    if settings.faults.any:
-        from slotd.faults import Injector, refuse_unless_allowed
+    from slotd.faults import Injector
 
-        refuse_unless_allowed(settings)
-        faults = Injector(settings.faults)
-        log.warning("fault injection is ON: %s", settings.faults)
+    faults = Injector.from_settings(settings)  # refuses unless SLOTD_ALLOW_FAULTS=1
     write_url = db.primary_url(settings)
     read_url = db.read_url(settings, write_url)
     if not settings.database_url:

@@ -116,3 +116,14 @@ def sliced(task: slotd.Task, ctx: slotd.Context) -> bool:
 @registry.handler("rt.version", ceiling=timedelta(seconds=30))
 def version(task: slotd.Task, ctx: slotd.Context) -> None:
     _record(task, "start", note=os.environ.get("RT_VERSION_NOTE", "v1"))
+
+
+@registry.handler("rt.work", ceiling=timedelta(seconds=60))
+def work(task: slotd.Task, ctx: slotd.Context) -> None:
+    """A cooperative task of some length: stops when its replica shuts down."""
+    _record(task, "start")
+    until = time.monotonic() + task.payload.get("ms", 200) / 1000
+    while time.monotonic() < until:
+        ctx.check()
+        time.sleep(0.01)
+    _record(task, "end", note="done")
