@@ -78,6 +78,16 @@ def _float(name: str, default: float, low: float = 0.0, high: float = 1.0) -> fl
     return value
 
 
+def _on_off(name: str, default: bool) -> bool:
+    raw = _env(name)
+    if raw is None:
+        return default
+    value = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
+    if raw.strip().lower() not in value:
+        raise ConfigError(f"bad {name} {raw!r}: use on or off")
+    return value[raw.strip().lower()]
+
+
 def _duration(name: str, default: str) -> timedelta:
     return parse_duration(_env(name) or default, name=name)
 
@@ -113,6 +123,7 @@ class Settings:
     kill_grace: timedelta = timedelta(seconds=5)
     statement_timeout: timedelta = timedelta(seconds=30)
     lock_timeout: timedelta = timedelta(seconds=5)
+    synchronous_commit: bool = True  # off: the queue's own writes only, see sql/queries.sql
     discovery_batch: int = 20
     metrics_addr: str = "127.0.0.1:9464"
     home: str | None = None
@@ -139,6 +150,7 @@ class Settings:
             kill_grace=_duration("SLOTD_KILL_GRACE", "5s"),
             statement_timeout=_duration("SLOTD_STATEMENT_TIMEOUT", "30s"),
             lock_timeout=_duration("SLOTD_LOCK_TIMEOUT", "5s"),
+            synchronous_commit=_on_off("SLOTD_SYNCHRONOUS_COMMIT", True),
             metrics_addr=_env("SLOTD_METRICS_ADDR") or "127.0.0.1:9464",
             home=_env("SLOTD_HOME"),
             log_format=(_env("SLOTD_LOG_FORMAT") or "text"),

@@ -209,8 +209,10 @@ class Repository:
         backoff_jitter: float = 0.1,
         statement_timeout: timedelta = timedelta(seconds=30),
         lock_timeout: timedelta = timedelta(seconds=5),
+        synchronous_commit: bool = True,
     ) -> None:
         self.write = write
+        self.synchronous_commit = synchronous_commit
         self.read = read or write
         self.lease_margin = lease_margin
         self._backoff = {
@@ -239,14 +241,25 @@ class Repository:
             backoff_jitter=settings.backoff_jitter,
             statement_timeout=settings.statement_timeout,
             lock_timeout=settings.lock_timeout,
+            synchronous_commit=settings.synchronous_commit,
         )
 
     @contextmanager
     def _bounded(self) -> Iterator[psycopg.Connection[Any]]:
-        # Pipelined: BEGIN, the bounds, the statement and COMMIT leave in one round trip.
         conn = self.write
-        with conn.pipeline(), conn.transaction():
-            conn.execute(_sql("bound"), self._bounds)
+        bound = _sql("bound_async" if not self.synchronous_commit else "bound")
+        if not conn.autocommit:  # a caller's transaction: a savepoint inside it, as ever
+            with conn.pipeline(), conn.transaction():
+                conn.execute(bound, self._bounds)
+                yield conn
+            return
+        # One pipeline, one Sync, no BEGIN/COMMIT: the server runs everything before a Sync
+        # as one implicit transaction and commits it at the Sync, so the bound is local to
+        # exactly this write (behind a transaction-mode pooler too). psycopg's explicit
+        # transaction inside a pipeline costs extra syncs: tests/bench measured 1.9 ms vs
+        # 1.0 ms per task (discover/claim/dequeue, serial, fsync on).
+        with conn.pipeline():
+            conn.execute(bound, self._bounds)
             yield conn
 
     def _write(self, name: str, params: Mapping[str, Any]) -> tuple[int, list[tuple[Any, ...]]]:

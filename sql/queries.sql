@@ -21,6 +21,15 @@
 SELECT set_config('statement_timeout', %(statement_timeout)s, true),
        set_config('lock_timeout', %(lock_timeout)s, true)
 
+-- name: bound_async
+-- SLOTD_SYNCHRONOUS_COMMIT=off: the same bound, and this write's commit does not wait for
+-- its WAL flush. A server crash can then forget the last moments of claims and
+-- settlements: a forgotten claim leaves its row claimable again, a forgotten settlement
+-- runs its task again. At-least-once delivery already allows both; enqueues are untouched.
+SELECT set_config('statement_timeout', %(statement_timeout)s, true),
+       set_config('lock_timeout', %(lock_timeout)s, true),
+       set_config('synchronous_commit', 'off', true)
+
 -- name: enqueue
 -- One statement: dedupe against live rows, insert, and fire the wake. pg_notify inside
 -- the caller's transaction is delivered only if it commits, and identical notifications

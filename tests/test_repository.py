@@ -366,3 +366,26 @@ def test_write_lane_statements_are_bounded(conn: psycopg.Connection[Any], db_url
                 repo.dequeue(ids[0], None)
         # The bound is SET LOCAL: the session itself is left untouched.
         assert write.execute("SHOW lock_timeout").fetchone() == ("0",)
+
+
+def test_bound_holds_for_the_write_without_an_explicit_transaction(db_url: str) -> None:
+    # The write lane sends bound + statement in one pipeline sync and no BEGIN/COMMIT: the
+    # server's implicit transaction must still carry the bound into the statement.
+    with psycopg.connect(db_url, autocommit=True) as write:
+        repo = Repository(write, statement_timeout=timedelta(milliseconds=100))
+        with pytest.raises(psycopg.errors.QueryCanceled), repo._bounded() as lane:
+            lane.execute("SELECT pg_sleep(2)")
+        assert write.execute("SHOW statement_timeout").fetchone() == ("0",)
+
+
+@pytest.mark.parametrize(("sync", "expected"), [(True, "on"), (False, "off")])
+def test_synchronous_commit_off_is_local_to_the_queue_write(
+    db_url: str, sync: bool, expected: str
+) -> None:
+    with psycopg.connect(db_url, autocommit=True) as write:
+        write.execute("SET synchronous_commit = on")  # the test server runs with it off
+        repo = Repository(write, synchronous_commit=sync)
+        with repo._bounded() as lane:
+            cur = lane.execute("SHOW synchronous_commit")
+        assert cur.fetchone() == (expected,)
+        assert write.execute("SHOW synchronous_commit").fetchone() == ("on",)
