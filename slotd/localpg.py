@@ -12,7 +12,10 @@ import os
 import pwd
 import shutil
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -200,3 +203,17 @@ class LocalPostgres:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
+
+
+@contextmanager
+def scratch(prefix: str = "slotd-", port: int = 5432, fast: bool = True) -> Iterator[LocalPostgres]:
+    """A throwaway server in a fresh temporary directory, removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    root.chmod(0o711)  # as root the server runs as another user, who must pass through
+    server = LocalPostgres(root=root / "pg", socket_dir=root / "sock", port=port, fast=fast)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop("immediate")
+        shutil.rmtree(root, ignore_errors=True)

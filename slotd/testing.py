@@ -117,19 +117,17 @@ from __future__ import annotations
 import copy
 import importlib
 import logging
-import shutil
-import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
+from slotd import localpg
 from slotd import outcome as kinds
 from slotd.config import Settings
 from slotd.localpg import LocalPostgres
@@ -151,6 +149,7 @@ log = logging.getLogger("slotd.testing")
 
 # The module, not the function of the same name that slotd/__init__ re-exports over it.
 _enqueue_module = importlib.import_module("slotd.enqueue")
+
 
 class TaskFailed(AssertionError):
     """Eager mode with propagate=True: a handler run inline did not succeed."""
@@ -507,11 +506,7 @@ class ThrowawayPostgres:
 
 @contextmanager
 def throwaway_postgres() -> Iterator[ThrowawayPostgres]:
-    root = Path(tempfile.mkdtemp(prefix="slotd-pytest-"))
-    root.chmod(0o711)  # as root the server runs as another user, who must pass through
-    server = LocalPostgres(root=root / "pg", socket_dir=root / "sock", fast=True)
-    try:
-        server.start()
+    with localpg.scratch(prefix="slotd-pytest-") as server:
         with psycopg.connect(server.url(), autocommit=True) as conn:
             conn.execute("CREATE DATABASE slotd_template")
         with psycopg.connect(server.url("slotd_template"), autocommit=True) as conn:
@@ -519,9 +514,6 @@ def throwaway_postgres() -> Iterator[ThrowawayPostgres]:
         pg = ThrowawayPostgres(server, "")
         pg.url = pg.new_database()
         yield pg
-    finally:
-        server.stop("immediate")
-        shutil.rmtree(root, ignore_errors=True)
 
 
 # fixtures

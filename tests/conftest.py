@@ -1,48 +1,34 @@
 """One real PostgreSQL per test run, started here; a fresh database per test, cloned from a
-migrated template so isolation costs a CREATE DATABASE, not a migration."""
+migrated template so isolation costs a CREATE DATABASE, not a migration. The same
+throwaway server slotd's pytest plugin offers its users (slotd.testing)."""
 
 from __future__ import annotations
 
-import itertools
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
 from slotd.localpg import LocalPostgres
-from slotd.repository import Repository, migrate
-
-_counter = itertools.count()
+from slotd.repository import Repository
+from slotd.testing import ThrowawayPostgres, throwaway_postgres
 
 
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[LocalPostgres]:
-    root = Path(tempfile.mkdtemp(prefix="slotd-test-"))
-    root.chmod(0o711)  # as root, the server's own user must be able to pass through
-    server = LocalPostgres(root=root / "pg", socket_dir=root / "sock", fast=True)
-    server.start()
-    with psycopg.connect(server.url(), autocommit=True) as conn:
-        conn.execute("CREATE DATABASE slotd_template")
-    with psycopg.connect(server.url("slotd_template"), autocommit=True) as conn:
-        migrate(conn)
-    try:
-        yield server
-    finally:
-        server.stop("immediate")
-        shutil.rmtree(root, ignore_errors=True)
+def scratch_pg() -> Iterator[ThrowawayPostgres]:
+    with throwaway_postgres() as pg:
+        yield pg
+
+
+@pytest.fixture(scope="session")
+def pg_server(scratch_pg: ThrowawayPostgres) -> LocalPostgres:
+    return scratch_pg.server
 
 
 @pytest.fixture
-def db_url(pg_server: LocalPostgres) -> str:
-    name = f"t_{os.getpid()}_{next(_counter)}"
-    with psycopg.connect(pg_server.url(), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE slotd_template")  # type: ignore[arg-type]
-    return pg_server.url(name)
+def db_url(scratch_pg: ThrowawayPostgres) -> str:
+    return scratch_pg.new_database()
 
 
 @pytest.fixture

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
 
 import slotd
-from slotd.localpg import LocalPostgres
+from slotd.localpg import LocalPostgres, scratch
 from slotd.repository import migrate
 from tests.daemon import Daemon, wait_for
 
@@ -20,17 +17,10 @@ from tests.daemon import Daemon, wait_for
 def own_server() -> Iterator[LocalPostgres]:
     """A server of this test's own: restarting the suite's shared one would cut every
     other fixture's connections."""
-    root = Path(tempfile.mkdtemp(prefix="slotd-fault-"))
-    root.chmod(0o711)
-    server = LocalPostgres(root=root / "pg", socket_dir=root / "sock", port=5433, fast=True)
-    server.start()
-    with psycopg.connect(server.url(), autocommit=True) as conn:
-        migrate(conn)
-    try:
+    with scratch(prefix="slotd-fault-", port=5433) as server:
+        with psycopg.connect(server.url(), autocommit=True) as conn:
+            migrate(conn)
         yield server
-    finally:
-        server.stop("immediate")
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def drained(url: str) -> bool:

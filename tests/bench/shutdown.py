@@ -9,7 +9,6 @@ from __future__ import annotations
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import slotd  # noqa: E402
-from slotd.localpg import LocalPostgres  # noqa: E402
+from slotd.localpg import scratch  # noqa: E402
 from slotd.repository import migrate  # noqa: E402
 from tests.daemon import Daemon, wait_for  # noqa: E402
 from tests.test_runtime import EXECUTIONS  # noqa: E402
@@ -50,11 +49,7 @@ def one(url: str, task_type: str, grace: str) -> float:
 
 
 def main() -> None:
-    root = Path(tempfile.mkdtemp(prefix="slotd-shutdown-"))
-    root.chmod(0o711)
-    server = LocalPostgres(root=root / "pg", socket_dir=root / "sock", port=5434)
-    server.start()
-    try:
+    with scratch(prefix="slotd-shutdown-", port=5434, fast=False) as server:
         url = server.url()
         with psycopg.connect(url, autocommit=True) as conn:
             migrate(conn)
@@ -66,8 +61,6 @@ def main() -> None:
                 f"median {statistics.median(runs) * 1000:.0f} ms "
                 f"(runs: {', '.join(f'{r * 1000:.0f}' for r in runs)} ms), every lease released"
             )
-    finally:
-        server.stop("immediate")
 
 
 if __name__ == "__main__":
