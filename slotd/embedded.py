@@ -30,6 +30,7 @@ from urllib.parse import quote
 
 import psycopg
 
+from slotd import repository
 from slotd.config import Settings
 from slotd.errors import ConfigError
 from slotd.localpg import SERVER_USER, LocalPostgres, LocalPostgresError, _run_as, find_bindir
@@ -303,11 +304,7 @@ def ensure(settings: Settings) -> str:
                     server.start()
                     started = True
             with psycopg.connect(server.url(), autocommit=True, connect_timeout=10) as admin:
-                exists = admin.execute(
-                    "SELECT 1 FROM pg_database WHERE datname = %s", (DBNAME,)
-                ).fetchone()
-                if exists is None:
-                    admin.execute(f'CREATE DATABASE "{DBNAME}"')  # type: ignore[arg-type]
+                repository.create_database(admin, DBNAME)
             conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
         with conn:
             _migrate(conn)

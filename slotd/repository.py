@@ -447,5 +447,25 @@ def schema_present(conn: psycopg.Connection[Any]) -> bool:
     return bool(row and row[0])
 
 
+def ping(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(_sql("ping"))
+
+
+def create_database(
+    conn: psycopg.Connection[Any], name: str, template: str | None = None
+) -> bool:
+    """CREATE DATABASE (a copy of `template` when given) unless it exists; True if created.
+    For the embedded server and the throwaway test servers, on an autocommit connection."""
+    if conn.execute(_sql("database_exists"), {"name": name}).fetchone():
+        return False
+    from psycopg import sql
+
+    statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if template:
+        statement = sql.SQL("{} TEMPLATE {}").format(statement, sql.Identifier(template))
+    conn.execute(statement)
+    return True
+
+
 def listen(conn: psycopg.Connection[Any]) -> None:
     conn.execute(_sql("listen"))

@@ -418,7 +418,7 @@ class Supervisor:
         if self.listen_conn is not None:
             # The LISTEN socket can die silently; a cheap round trip proves it alive.
             try:
-                self.listen_conn.execute("SELECT 1")
+                repository.ping(self.listen_conn)
             except psycopg.Error as exc:
                 self._lost_listen(exc)
         sdnotify.notify(f"STATUS=serving: {len(self.slots)} slots, {self._in_flight()} in flight")

@@ -127,7 +127,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from slotd import localpg
+from slotd import localpg, repository
 from slotd import outcome as kinds
 from slotd.config import Settings
 from slotd.localpg import LocalPostgres
@@ -334,7 +334,7 @@ class ManualQueue:
             not self.conn.autocommit
             and self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         ):
-            self.conn.execute("SELECT 1")
+            repository.ping(self.conn)
 
     def _claim_next(self) -> Claimed | None:
         self._begin()
@@ -500,7 +500,7 @@ class ThrowawayPostgres:
         self._count += 1
         name = f"slotd_test_{self._count}"
         with psycopg.connect(self.server.url(), autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {name} TEMPLATE slotd_template")  # type: ignore[arg-type]
+            repository.create_database(conn, name, template="slotd_template")
         return str(self.server.url(name))
 
 
@@ -508,7 +508,7 @@ class ThrowawayPostgres:
 def throwaway_postgres() -> Iterator[ThrowawayPostgres]:
     with localpg.scratch(prefix="slotd-pytest-") as server:
         with psycopg.connect(server.url(), autocommit=True) as conn:
-            conn.execute("CREATE DATABASE slotd_template")
+            repository.create_database(conn, "slotd_template")
         with psycopg.connect(server.url("slotd_template"), autocommit=True) as conn:
             migrate(conn)
         pg = ThrowawayPostgres(server, "")

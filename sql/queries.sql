@@ -302,3 +302,11 @@ ORDER BY t.run_at, t.id
 
 -- name: lease_of
 SELECT t.lease_token, {lease_live} FROM slotd_tasks t WHERE t.id = %(id)s
+
+-- name: ping
+-- Proves a connection alive (the LISTEN socket can die silently) and opens a transaction
+-- on a non-autocommit one.
+SELECT 1
+
+-- name: database_exists
+SELECT 1 FROM pg_database WHERE datname = %(name)s
