@@ -185,10 +185,12 @@ class Slot:
         runner_ = self.runner
         if runner_ is None:
             return
-        reason = None
         if self.reload:
-            reason, self.fresh_code = "reload", True
-        elif self.settings.runner_max_tasks and runner_.tasks >= self.settings.runner_max_tasks:
+            self.reload = False
+            self._reload(runner_)
+            return
+        reason = None
+        if self.settings.runner_max_tasks and runner_.tasks >= self.settings.runner_max_tasks:
             reason = "runner_recycled"
         elif self.settings.runner_max_rss_mib:
             try:
@@ -199,13 +201,24 @@ class Slot:
                 reason = "runner_recycled"
         if reason is None:
             return
-        self.reload = False
         runner_.stop()
         self.runner = None
         self._spawn_runner()
         self._report("restart", reason)
-        if reason == "reload":
-            self._report("reloaded")
+
+    def _reload(self, current: Runner) -> None:
+        """New code: the new runner must start before the old one goes, so a broken deploy
+        leaves this slot serving the code it had rather than no code at all."""
+        fresh = self._fork_runner(fresh_code=True)
+        if fresh is None:
+            self.log.error("reload failed: the new code does not start; keeping the old runner")
+            self._report("reload_failed")
+            return
+        current.stop()
+        self.fresh_code = True
+        self.runner = fresh
+        self._report("restart", "reload")
+        self._report("reloaded")
 
     # connections
 
@@ -250,6 +263,12 @@ class Slot:
             self._pause(min(0.1 * 2 ** (self.crashes - 1), 10.0))
         if self.stopping:
             return
+        self.runner = self._fork_runner(self.fresh_code)
+        if self.runner is None:
+            self.crashes += 1
+            self._report("restart", "runner_boot_failed")
+
+    def _fork_runner(self, fresh_code: bool) -> Runner | None:
         ours, theirs = socket.socketpair()
         pid = os.fork()
         if pid == 0:  # the runner; it never returns into the slot's stack
@@ -257,8 +276,11 @@ class Slot:
                 ours.close()
                 self.sup.close()
                 self.selfpipe.close()
+                if self.runner is not None:
+                    self.runner.conn.close()
+                    self.runner.watch.close()
                 registry = self.spec.registry
-                if self.fresh_code:
+                if fresh_code:
                     registry = runner.fresh_registry(self.spec.app)
                 runner.serve(
                     Connection(theirs.detach()), registry, self.spec.number, self.spec.faults
@@ -275,20 +297,17 @@ class Slot:
         handle = Runner(pid, Connection(ours.detach()), proc.ChildWatch(pid))
         if not handle.conn.poll(BOOT_TIMEOUT):
             handle.stop()
-            self.crashes += 1
             self.log.error("runner did not start within %ss", BOOT_TIMEOUT)
-            return
+            return None
         try:
             _, types, ceilings = handle.conn.recv()
         except (EOFError, OSError):
             status = handle.stop()
-            self.crashes += 1
             self.log.error("runner failed to start: %s", proc.describe_status(status))
-            self._report("restart", "runner_boot_failed")
-            return
-        if self.fresh_code:
+            return None
+        if fresh_code:
             self.claim_registry = _registry_view(types, ceilings)
-        self.runner = handle
+        return handle
 
     def _runner_died(self, result: Result, idle: bool = False) -> None:
         runner_ = self.runner

@@ -272,6 +272,13 @@ class Supervisor:
                 self._maybe_ready()
             elif kind == "reloaded":
                 self._reload_next()
+            elif kind == "reload_failed":
+                log.error(
+                    "reload stopped at slot %d: the new code does not start; every slot "
+                    "keeps serving the code it has",
+                    handle.number,
+                )
+                self.reload_queue = []
 
     def _send_token(self, number: int) -> None:
         handle = self.slots.get(number)

@@ -297,3 +297,28 @@ def daemon_root() -> str:
     from tests.daemon import ROOT
 
     return str(ROOT)
+
+
+def test_sighup_with_broken_code_keeps_every_slot_serving_the_old_code(
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon], tmp_path: Any
+) -> None:
+    app = tmp_path / "brokenapp.py"
+    app.write_text(
+        "import os\nfrom datetime import timedelta\nimport psycopg, slotd\n"
+        "registry = slotd.Registry()\n"
+        "@registry.handler('hup.version', ceiling=timedelta(seconds=30))\n"
+        "def version(task, ctx):\n"
+        "    with psycopg.connect(os.environ['SLOTD_DATABASE_URL'], autocommit=True) as c:\n"
+        '        c.execute("INSERT INTO executions (task_id, attempt, phase, note) "\n'
+        "                  \"VALUES (%s, 1, 'start', 'old')\", (task.id,))\n"
+    )
+    daemon = start(daemons, db_url, slots=2, app="brokenapp:registry",
+                   env={"PYTHONPATH": f"{tmp_path}:{daemon_root()}",
+                        "PYTHONDONTWRITEBYTECODE": "1"})  # fmt: skip
+    app.write_text("raise RuntimeError('a broken deploy')\n")
+    mark = len(daemon.lines)
+    daemon.signal(signal.SIGHUP)
+    daemon.wait_line("reload stopped at slot 0", after=mark)
+    ids = slotd.enqueue_many(qconn, [("hup.version", {}) for _ in range(4)])
+    wait_for(lambda: all(starts(qconn, i) for i in ids), what="the old code to keep serving")
+    assert {starts(qconn, i)[0][2] for i in ids} == {"old"}
