@@ -1,0 +1,71 @@
+"""Fault injection against a real daemon: refused unless allowed; when allowed, every task
+still ends done, and every injected fault is counted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.request
+from typing import Any
+
+import psycopg
+
+import slotd
+from tests.daemon import ROOT, Daemon, wait_for
+
+
+def test_run_refuses_faults_unless_allowed(db_url: str) -> None:
+    env = {"SLOTD_DATABASE_URL": db_url, "SLOTD_FAULT_ERROR": "0.5", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "slotd", "run", "--app", "tests.apps.runtime:registry"],
+        env={k: v for k, v in os.environ.items() if k != "SLOTD_ALLOW_FAULTS"} | env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("slotd: ")
+    assert "SLOTD_ALLOW_FAULTS" in proc.stderr
+
+
+def test_chaos_run_loses_nothing_and_counts_every_fault(
+    conn: psycopg.Connection[Any], db_url: str
+) -> None:
+    daemon = Daemon(
+        db_url,
+        slots=2,
+        env={
+            "SLOTD_ALLOW_FAULTS": "1",
+            "SLOTD_FAULT_ERROR": "0.2",
+            "SLOTD_FAULT_CRASH": "0.1",
+            "SLOTD_BACKOFF_BASE": "10ms",
+            "SLOTD_BACKOFF_CAP": "50ms",
+            "SLOTD_METRICS_ADDR": "127.0.0.1:0",
+        },
+    )
+    try:
+        daemon.start()
+        url = daemon.wait_line(r"metrics on ").split("metrics on ")[1].strip()
+        slotd.enqueue_many(conn, [("rt.quick", {}) for _ in range(60)])
+        wait_for(
+            lambda: conn.execute("SELECT count(*) FROM slotd_tasks").fetchone() == (0,),
+            timeout=60,
+            what="every task done despite the faults",
+        )
+        body = urllib.request.urlopen(url, timeout=5).read().decode()
+        counted = {
+            line.split('kind="')[1].split('"')[0]: float(line.split()[-1])
+            for line in body.splitlines()
+            if line.startswith("slotd_faults_injected_total{")
+        }
+        assert counted["error"] > 0 and counted["crash"] > 0
+        outcomes = sum(
+            float(line.split()[-1])
+            for line in body.splitlines()
+            if line.startswith("slotd_task_outcomes_total{")
+            and ('outcome="failure"' in line or 'outcome="crashed"' in line)
+        )
+        assert outcomes == counted["error"] + counted["crash"]
+    finally:
+        daemon.close()
