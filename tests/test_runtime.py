@@ -238,16 +238,7 @@ def test_idle_replica_discovers_once_per_tick_not_once_per_slot(
         slots=4,
         env={"SLOTD_POLL_INTERVAL": "200ms", "SLOTD_METRICS_ADDR": "127.0.0.1:0"},
     )
-    url = daemon.wait_line(r"metrics on ").split("metrics on ")[1].strip()
-    import urllib.request
-
-    def empties() -> float:
-        body = urllib.request.urlopen(url, timeout=5).read().decode()
-        for line in body.splitlines():
-            if line.startswith("slotd_claims_empty_total"):
-                return float(line.split()[-1])
-        return 0.0
-
+    empties = metric_reader(daemon, "slotd_claims_empty_total")
     first, t0 = empties(), time.monotonic()
     wait_for(lambda: time.monotonic() - t0 >= 2.0, what="a two second window")
     second, t1 = empties(), time.monotonic()
@@ -322,3 +313,60 @@ def test_sighup_with_broken_code_keeps_every_slot_serving_the_old_code(
     ids = slotd.enqueue_many(qconn, [("hup.version", {}) for _ in range(4)])
     wait_for(lambda: all(starts(qconn, i) for i in ids), what="the old code to keep serving")
     assert {starts(qconn, i)[0][2] for i in ids} == {"old"}
+
+
+def test_runner_is_recycled_between_tasks_after_max_tasks(
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+) -> None:
+    start(daemons, db_url, slots=1, env={"SLOTD_RUNNER_MAX_TASKS": "2"})
+    ids = [slotd.enqueue(qconn, "rt.noop") for _ in range(6)]
+    wait_for(lambda: qconn.execute("SELECT count(*) FROM slotd_tasks").fetchone() == (0,),
+             what="six tasks")  # fmt: skip
+    pids = [starts(qconn, i)[0][1] for i in ids]
+    # Two tasks per runner, each runner a fresh process; none interrupted mid-task.
+    assert len(set(pids)) == 3
+    assert qconn.execute("SELECT count(*) FROM executions WHERE phase = 'end'").fetchone() == (6,)
+
+
+def test_discovery_reads_the_replica_and_claims_on_the_primary(
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon], scratch_pg: Any
+) -> None:
+    replica_url = scratch_pg.new_database()  # stands in for a lagging read replica
+    daemon = start(
+        daemons,
+        db_url,
+        slots=1,
+        env={
+            "SLOTD_DATABASE_URL_READ": replica_url,
+            "SLOTD_POLL_INTERVAL": "200ms",
+            "SLOTD_METRICS_ADDR": "127.0.0.1:0",
+        },
+    )
+    empties = metric_reader(daemon, "slotd_claims_empty_total")
+    task_id = slotd.enqueue(qconn, "rt.noop")
+    # Not yet "replicated": the NOTIFY and the ticks wake the slot; discovery finds nothing.
+    seen = empties()
+    wait_for(lambda: empties() >= seen + 3, what="three empty discoveries")
+    assert task_row(qconn, task_id) is not None and starts(qconn, task_id) == []
+    with psycopg.connect(replica_url, autocommit=True) as replica:
+        replica.execute(
+            "INSERT INTO slotd_tasks (id, task_type, payload, run_at, max_attempts)"
+            " VALUES (%s, 'rt.noop', '{}', now() - interval '1 second', 20)",
+            (task_id,),
+        )
+        # Replicated: the next tick's discovery sees it, the claim takes the primary's row.
+        wait_for(lambda: task_row(qconn, task_id) is None, what="the claim on the primary")
+        assert len(starts(qconn, task_id)) == 1
+        assert replica.execute("SELECT count(*) FROM slotd_tasks").fetchone() == (1,)
+
+
+def metric_reader(daemon: Daemon, name: str) -> Any:
+    import urllib.request
+
+    url = daemon.wait_line(r"metrics on ").split("metrics on ")[1].strip()
+
+    def read() -> float:
+        body = urllib.request.urlopen(url, timeout=5).read().decode()
+        return sum(float(ln.split()[-1]) for ln in body.splitlines() if ln.startswith(name))
+
+    return read
