@@ -127,6 +127,9 @@ class Slot:
             if not awake:
                 awake = self._wait_token()
                 continue
+            if self.runner is None:  # never claim work there is no runner to run
+                self._spawn_runner()
+                continue
             try:
                 claimed = self._next_claim()
             except psycopg.OperationalError as exc:
@@ -330,22 +333,23 @@ class Slot:
         started = time.monotonic()
         if past(deadline):
             result = not_started(claimed)
-        elif self.runner is None:
-            result = Result(SHUTDOWN if self.stopping else CRASHED, "no runner available")
+        elif self.runner is None:  # only while stopping: _loop never claims without one
+            result = Result(SHUTDOWN, "not started: the replica is stopping")
         else:
             result = self._watch(claimed, self.runner, deadline)
-            if result.duration is None and result.kind in (KILLED, SHUTDOWN, CRASHED):
+            if result.duration is None:
                 result.duration = time.monotonic() - started
         if self.runner is None and not self.stopping:
             self._spawn_runner()
         settlement = self._settle(claimed, result)
+        # A handler that never started gives no latency sample, of either kind.
         delay = max(0.0, (claimed.claimed_at - claimed.run_at).total_seconds())
         return (
             claimed.id,
             claimed.task_type,
             str(settlement.outcome),
             settlement.duration,
-            None if result.kind == KILLED and result.duration is None else delay,
+            delay if result.duration is not None else None,
         )
 
     def _watch(self, claimed: Claimed, runner_: Runner, deadline: datetime) -> Result:
