@@ -28,6 +28,7 @@ from slotd.outcome import CRASHED, KILLED, SHUTDOWN, Outcome
 from slotd.processor import Result, Settlement, not_started, past, settle
 from slotd.registry import Registry
 from slotd.repository import Claimed, Repository
+from slotd.watchdog import Step, Watchdog
 
 log = logging.getLogger("slotd.slot")
 
@@ -353,52 +354,31 @@ class Slot:
         )
 
     def _watch(self, claimed: Claimed, runner_: Runner, deadline: datetime) -> Result:
-        now = time.monotonic()
-        t_interrupt = now + (deadline - datetime.now(UTC)).total_seconds()
-        t_kill = t_interrupt + self.settings.kill_grace.total_seconds()
-        t_shutdown: float | None = None
-        interrupted = False
-        advanced = False
-        ceiling = int(
-            (
-                claimed.lease_expires_at - claimed.claimed_at - self.settings.lease_margin
-            ).total_seconds()
+        dog = Watchdog.for_deadline(
+            deadline, self.settings.kill_grace, self.settings.shutdown_grace
         )
+        advanced = False
+        ceiling = claimed.lease_expires_at - claimed.claimed_at - self.settings.lease_margin
+        label = f"slot {self.spec.number} running {claimed.task_type}#{claimed.id}"
         runner_.conn.send(("run", claimed.task(), deadline))
         runner_.tasks += 1
         while True:
             now = time.monotonic()
-            if self.stopping and t_shutdown is None:
-                proc.kill_group(runner_.pid, runner.CANCEL)
-                t_shutdown = now + self.settings.shutdown_grace.total_seconds()
-            if self.hurry:
-                t_shutdown = now
-            if t_shutdown is not None and now >= t_shutdown:
-                self._runner_died(Result(SHUTDOWN))
-                return Result(SHUTDOWN, "still running when the shutdown grace ran out", advanced)
-            if now >= t_kill:
-                self._runner_died(Result(KILLED))
-                return Result(
-                    KILLED,
-                    f"killed {self.settings.kill_grace.total_seconds():g}s after its deadline",
-                    advanced,
-                    True,
-                )
-            if now >= t_interrupt and not interrupted:
-                interrupted = True
-                try:
-                    os.kill(runner_.pid, runner.INTERRUPT)
-                except ProcessLookupError:
-                    pass
-            elapsed = int(time.monotonic() - (t_interrupt - ceiling))
-            proc.set_title(
-                f"slot {self.spec.number} running {claimed.task_type}#{claimed.id} "
-                f"{max(elapsed, 0)}s/{ceiling}s"
-            )
-            steps = [t for t in (t_kill, t_shutdown) if t is not None]
-            if not interrupted:
-                steps.append(t_interrupt)
-            timeout = max(0.0, min(min(steps), now + 1.0) - now)
+            while (step := dog.step(now, self.stopping, self.hurry)) is not None:
+                if step in (Step.CANCEL, Step.INTERRUPT):
+                    # The runner alone: its handler's subprocesses must not get the signal.
+                    _signal(runner_.pid, runner.CANCEL if step is Step.CANCEL else runner.INTERRUPT)
+                elif step is Step.SHUTDOWN_KILL:
+                    self._runner_died(Result(SHUTDOWN))
+                    return Result(
+                        SHUTDOWN, "still running when the shutdown grace ran out", advanced
+                    )
+                else:
+                    self._runner_died(Result(KILLED))
+                    grace = self.settings.kill_grace.total_seconds()
+                    return Result(KILLED, f"killed {grace:g}s after its deadline", advanced, True)
+            proc.set_title(f"{label} {now - dog.started:.0f}s/{ceiling.total_seconds():.0f}s")
+            timeout = dog.wait_for(now)
             ready = wait([runner_.conn, runner_.watch, self.selfpipe], timeout=timeout)
             if self.selfpipe in ready:
                 self.selfpipe.drain()
@@ -474,6 +454,13 @@ def _registry_view(types: list[str], ceilings: list[float]) -> Registry:
 
 def _unreachable(task: Any, ctx: Any) -> None:
     raise AssertionError("the slot never runs handlers itself")
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _first_line(exc: BaseException) -> str:
