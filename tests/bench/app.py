@@ -1,0 +1,50 @@
+"""The benchmark's application: what `slotd run --app tests.bench.app:registry` serves.
+
+Handlers write their observations to files under $SLOTD_BENCH_OUT (one per runner process,
+line-buffered), never to the database: the queue's own traffic is what is being counted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from datetime import timedelta
+from typing import IO
+
+import slotd
+
+registry = slotd.Registry()
+_files: dict[str, IO[str]] = {}
+
+
+def _note(kind: str, line: str) -> None:
+    out = os.environ.get("SLOTD_BENCH_OUT")
+    if not out:
+        return
+    f = _files.get(kind)
+    if f is None:
+        # Kept open for the runner's life: one open() per task would be the cost measured.
+        path = os.path.join(out, f"{kind}-{os.getpid()}.txt")
+        f = _files[kind] = open(path, "a", buffering=1)  # noqa: SIM115
+    f.write(line + "\n")
+
+
+@registry.handler("bench.noop", ceiling=timedelta(seconds=30))
+def noop(task: slotd.Task, ctx: slotd.Context) -> None:
+    sent = task.payload.get("t")
+    if sent is not None:  # latency probe: handler start minus the producer's clock
+        _note("lat", f"{time.time() - sent:.6f}")
+
+
+@registry.handler("bench.stuck", ceiling=timedelta(seconds=1))
+def stuck(task: slotd.Task, ctx: slotd.Context) -> None:
+    # Dodges the deadline interrupt, so only the watchdog's kill can end it.
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    _note("stuck", json.dumps({"pid": os.getpid(), "deadline": ctx.deadline.timestamp()}))
+    time.sleep(3600)
+
+
+@registry.handler("bench.mark", ceiling=timedelta(seconds=30))
+def mark(task: slotd.Task, ctx: slotd.Context) -> None:
+    _note("mark", f"{time.time():.6f} {os.getpid()}")

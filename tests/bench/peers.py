@@ -1,0 +1,168 @@
+"""The peers' side of the benchmark, run with the bench venv's Python (procrastinate and
+pgqueuer are not slotd dependencies and never enter its environment).
+
+    peers.py install DSN
+    peers.py work SYSTEM DSN OUTDIR [KEY=VALUE ...]     runs until SIGTERM
+    peers.py bulk SYSTEM DSN N                           one transaction; prints its commit time
+    peers.py paced SYSTEM DSN N RATE                     one transaction per task
+
+SYSTEM is procrastinate or pgqueuer. Workers use each library's own run loop and knobs:
+procrastinate concurrency=C; pgqueuer batch_size=B, max_concurrent_tasks=C (0 = library
+default). A payload carrying "t" makes the handler record handler-start minus t."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+ROOT_ENV = "BENCH_PEER_OUT"
+
+
+def _record(t: float | None) -> None:
+    if t is None:
+        return
+    with open(os.path.join(os.environ[ROOT_ENV], f"lat-{os.getpid()}.txt"), "a") as f:
+        f.write(f"{time.time() - t:.6f}\n")
+
+
+def _procrastinate_app(dsn: str, pool: int) -> Any:
+    import procrastinate
+
+    app = procrastinate.App(
+        connector=procrastinate.PsycopgConnector(conninfo=dsn, min_size=1, max_size=pool)
+    )
+
+    @app.task(name="noop")
+    async def noop(i: int | None = None, t: float | None = None) -> None:
+        _record(t)
+
+    return app
+
+
+async def _pgq_queries(dsn: str) -> tuple[Any, Any]:
+    import asyncpg
+    from pgqueuer import Queries
+    from pgqueuer.db import AsyncpgDriver
+
+    conn = await asyncpg.connect(dsn)
+    return conn, Queries(AsyncpgDriver(conn))
+
+
+def install(dsn: str) -> None:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.SyncPsycopgConnector(conninfo=dsn))
+    with app.open():
+        app.schema_manager.apply_schema()
+
+    async def pgq() -> None:
+        conn, queries = await _pgq_queries(dsn)
+        await queries.install()
+        await conn.close()
+
+    asyncio.run(pgq())
+
+
+def work(system: str, dsn: str, knobs: dict[str, int]) -> None:
+    conc = knobs.get("conc", 4)
+    if system == "procrastinate":
+        app = _procrastinate_app(dsn, conc + 2)
+
+        async def run_p() -> None:
+            async with app.open_async():
+                print("ready", flush=True)
+                await app.run_worker_async(concurrency=conc, wait=True)
+
+        asyncio.run(run_p())
+        return
+
+    async def run_q() -> None:
+        import asyncpg
+        from pgqueuer import PgQueuer
+        from pgqueuer.db import AsyncpgDriver
+
+        conn = await asyncpg.connect(dsn)
+        pgq = PgQueuer(AsyncpgDriver(conn))
+
+        @pgq.entrypoint("noop")
+        async def noop(job: Any) -> None:
+            body = json.loads(job.payload) if job.payload else {}
+            _record(body.get("t"))
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, pgq.shutdown.set)
+        print("ready", flush=True)
+        kwargs: dict[str, int] = {}
+        if knobs.get("batch"):
+            kwargs["batch_size"] = knobs["batch"]
+        if knobs.get("conc"):
+            kwargs["max_concurrent_tasks"] = knobs["conc"]
+        await pgq.run(**kwargs)
+
+    asyncio.run(run_q())
+
+
+def bulk(system: str, dsn: str, n: int) -> None:
+    async def go() -> float:
+        if system == "procrastinate":
+            app = _procrastinate_app(dsn, 2)
+            async with app.open_async():
+                await app.tasks["noop"].batch_defer_async(*({"i": i} for i in range(n)))
+                return time.time()
+        conn, queries = await _pgq_queries(dsn)
+        await queries.enqueue(["noop"] * n, [b"{}"] * n, [0] * n)
+        done = time.time()
+        await conn.close()
+        return done
+
+    print(f"committed {asyncio.run(go()):.6f}", flush=True)
+
+
+def paced(system: str, dsn: str, n: int, rate: float) -> None:
+    async def go() -> None:
+        app = conn = queries = None
+        if system == "procrastinate":
+            app = _procrastinate_app(dsn, 2)
+            await app.open_async()
+        else:
+            conn, queries = await _pgq_queries(dsn)
+        start = time.time() + 0.1
+        for i in range(n):
+            pause = start + i / rate - time.time()
+            if pause > 0:
+                await asyncio.sleep(pause)
+            t = time.time()
+            if app is not None:
+                await app.tasks["noop"].defer_async(t=t)
+            else:
+                await queries.enqueue("noop", json.dumps({"t": t}).encode())
+        if app is not None:
+            await app.close_async()
+        else:
+            await conn.close()
+
+    asyncio.run(go())
+
+
+def main(argv: list[str]) -> None:
+    cmd = argv[0]
+    if cmd == "install":
+        install(argv[1])
+    elif cmd == "work":
+        os.environ[ROOT_ENV] = argv[3]
+        knobs = {k: int(v) for k, v in (a.split("=", 1) for a in argv[4:])}
+        work(argv[1], argv[2], knobs)
+    elif cmd == "bulk":
+        bulk(argv[1], argv[2], int(argv[3]))
+    elif cmd == "paced":
+        paced(argv[1], argv[2], int(argv[3]), float(argv[4]))
+    else:
+        raise SystemExit(f"unknown command {cmd!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
