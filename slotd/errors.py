@@ -20,6 +20,12 @@ class DeadlineExceeded(SlotdError):
 class LeaseLost(SlotdError):
     """A fenced write matched nothing: this worker no longer owns the row."""
 
+    def __init__(self, message: str, next_claim: object = None) -> None:
+        super().__init__(message)
+        # A settlement that also claimed the next task refused the first half only: the
+        # claim is this worker's all the same.
+        self.next_claim = next_claim
+
 
 class UnknownTaskType(SlotdError):
     """A claimed row names a type this registry has no handler for."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,6 +42,8 @@ class Settlement:
     outcome: Outcome
     dead: bool = False
     duration: float | None = None
+    next: Claimed | None = None  # claimed by the same statement as the settlement
+    claim_tried: bool = False
 
 
 def past(deadline: datetime) -> bool:
@@ -80,11 +82,24 @@ def settle(
     *,
     shutting_down: bool = False,
     logger: logging.Logger | logging.LoggerAdapter[Any] = log,
+    then_claim: tuple[Sequence[int], Registry] | None = None,
 ) -> Settlement:
     """Write the consequence of `result`, fenced on the token. A refused write means this
-    worker no longer owns the row, so nothing is written and the outcome is `lost`."""
+    worker no longer owns the row, so nothing is written and the outcome is `lost`.
+
+    `then_claim` (candidate ids, registry): on success, claim the next task in the same
+    statement as the dequeue; the claim comes back as `Settlement.next`."""
     task_id, token = claimed.id, claimed.token
     try:
+        if result.kind == kinds.DONE and then_claim and then_claim[0]:
+            try:
+                nxt = repo.dequeue_and_claim(task_id, token, *then_claim)
+            except LeaseLost as exc:
+                lost = _done(Outcome.LOST, claimed, result, logger)
+                return replace(lost, next=exc.next_claim, claim_tried=True)  # type: ignore[arg-type]
+            return replace(
+                _done(Outcome.SUCCESS, claimed, result, logger), next=nxt, claim_tried=True
+            )
         if result.kind == kinds.DONE:
             repo.dequeue(task_id, token)
             return _done(Outcome.SUCCESS, claimed, result, logger)

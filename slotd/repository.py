@@ -21,7 +21,7 @@ from slotd.registry import Registry, validate_type_name
 from slotd.task import Task
 
 WAKE_CHANNEL = "slotd_wake"
-_BLOCK = re.compile(r"^-- (name|predicate): (\S+)\s*$", re.M)
+_BLOCK = re.compile(r"^-- (name|predicate|fragment): (\S+)\s*$", re.M)
 _SPLICE = re.compile(r"\{(\w+)\}")
 
 Executor = psycopg.Connection[Any] | psycopg.Cursor[Any]
@@ -42,16 +42,24 @@ def statements() -> dict[str, str]:
     folder = sql_dir()
     files = [folder / "queries.sql", *sorted(folder.glob("queries_*.sql"))]
     text = "\n".join(path.read_text() for path in files)
-    blocks: dict[str, dict[str, str]] = {"name": {}, "predicate": {}}
+    blocks: dict[str, dict[str, str]] = {"name": {}, "predicate": {}, "fragment": {}}
     marks = list(_BLOCK.finditer(text))
     for mark, nxt in zip(marks, [*marks[1:], None], strict=True):
         body = text[mark.end() : nxt.start() if nxt else len(text)]
         lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
         blocks[mark.group(1)][mark.group(2)] = "\n".join(lines).strip()
-    predicates = blocks["predicate"]
+    predicates, fragments = blocks["predicate"], blocks["fragment"]
 
     def splice(sql: str) -> str:
-        return _SPLICE.sub(lambda m: "(" + splice(predicates[m.group(1)]) + ")", sql)
+        # A predicate goes in parenthesised, so it composes inside any boolean expression;
+        # a fragment (shared CTEs) goes in as written.
+        def one(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name in fragments:
+                return splice(fragments[name])
+            return "(" + splice(predicates[name]) + ")"
+
+        return _SPLICE.sub(one, sql)
 
     return {name: splice(sql) for name, sql in blocks["name"].items()}
 
@@ -274,26 +282,20 @@ class Repository:
         cur = self.read.execute(_sql("discover"), {"types": list(types), "limit": limit})
         return [row[0] for row in cur.fetchall()]
 
-    def claim(self, ids: Sequence[int], registry: Registry) -> Claimed | None:
-        if not ids:
-            return None
-        token = uuid.uuid4()
-        params = {
+    def _claim_params(self, ids: Sequence[int], registry: Registry) -> dict[str, Any]:
+        return {
             "ids": list(ids),
             "types": registry.types,
             "ceilings_s": registry.ceilings_seconds,
             "margin_s": self.lease_margin.total_seconds(),
-            "token": token,
+            "token": uuid.uuid4(),
         }
-        _, rows = self._write("claim", params)
-        if not rows:
+
+    def claim(self, ids: Sequence[int], registry: Registry) -> Claimed | None:
+        if not ids:
             return None
-        (task_id, task_type, payload, key, run_at, attempt, max_attempts, tok, expires, now) = rows[
-            0
-        ]
-        return Claimed(
-            task_id, task_type, payload, key, run_at, attempt, max_attempts, tok, expires, now
-        )
+        _, rows = self._write("claim", self._claim_params(ids, registry))
+        return Claimed(*rows[0]) if rows else None
 
     # fenced settlements
 
@@ -301,6 +303,19 @@ class Repository:
         count, _ = self._write("dequeue", {"id": task_id, "token": token})
         if count == 0:
             raise LeaseLost(f"task {task_id}: dequeue refused, the lease is not ours")
+
+    def dequeue_and_claim(
+        self, task_id: int, token: uuid.UUID | None, ids: Sequence[int], registry: Registry
+    ) -> Claimed | None:
+        """Dequeue a finished task and claim the next of `ids` in one statement: one round
+        trip, one commit. A refused dequeue raises LeaseLost carrying the new claim."""
+        params = {**self._claim_params(ids, registry), "id": task_id, "done_token": token}
+        _, rows = self._write("dequeue_claim", params)
+        dequeued, *claim = rows[0]
+        claimed = Claimed(*claim) if claim[0] is not None else None
+        if not dequeued:
+            raise LeaseLost(f"task {task_id}: dequeue refused, the lease is not ours", claimed)
+        return claimed
 
     def record_failure(self, task_id: int, token: uuid.UUID, error: str) -> Failure:
         params = {"id": task_id, "token": token, "error": error[:8000], **self._backoff}
@@ -451,9 +466,7 @@ def ping(conn: psycopg.Connection[Any]) -> None:
     conn.execute(_sql("ping"))
 
 
-def create_database(
-    conn: psycopg.Connection[Any], name: str, template: str | None = None
-) -> bool:
+def create_database(conn: psycopg.Connection[Any], name: str, template: str | None = None) -> bool:
     """CREATE DATABASE (a copy of `template` when given) unless it exists; True if created.
     For the embedded server and the throwaway test servers, on an autocommit connection."""
     if conn.execute(_sql("database_exists"), {"name": name}).fetchone():

@@ -123,25 +123,32 @@ class Slot:
 
     def _loop(self) -> None:
         awake = False
-        while not self.stopping:
-            self._between_tasks()
-            if not awake:
-                awake = self._wait_token()
-                continue
-            if self.runner is None:  # never claim work there is no runner to run
-                self._spawn_runner()
-                continue
-            try:
-                claimed = self._next_claim()
-            except psycopg.OperationalError as exc:
-                self._reconnect(exc)
-                continue
+        claimed: Claimed | None = None  # the next task, when a settlement claimed it
+        while claimed is not None or not self.stopping:
             if claimed is None:
-                awake = False
-                self._report("empty")
-                continue
-            self._report("claimed", claimed, self.runner.pid if self.runner else None)
-            self._report("settled", *self._handle(claimed))
+                self._between_tasks()
+                if not awake:
+                    awake = self._wait_token()
+                    continue
+                if self.runner is None:  # never claim work there is no runner to run
+                    self._spawn_runner()
+                    continue
+                try:
+                    claimed = self._next_claim()
+                except psycopg.OperationalError as exc:
+                    self._reconnect(exc)
+                    continue
+                if claimed is None:
+                    awake = False
+                    self._report("empty")
+                    continue
+                self._report("claimed", claimed, self._runner_pid())
+            settled, claimed = self._handle(claimed)
+            # One message per task in a busy slot: the settlement and the claim riding on it.
+            self._report("settled", *settled, claimed, self._runner_pid())
+
+    def _runner_pid(self) -> int | None:
+        return self.runner.pid if self.runner is not None else None
 
     def _next_claim(self) -> Claimed | None:
         """Claim from what the last discovery found before discovering again: one discovery
@@ -156,10 +163,24 @@ class Slot:
                     return None
             claimed = self.repo.claim(self.batch, self.claim_registry)
             if claimed is not None:
-                self.batch = [i for i in self.batch if i != claimed.id]
+                self._consumed(claimed)
                 return claimed
             self.batch = []
         return None
+
+    def _consumed(self, claimed: Claimed) -> None:
+        # The claim takes the oldest claimable candidate, so every candidate before it was
+        # already taken by another slot: drop those too rather than try them again.
+        if claimed.id in self.batch:
+            self.batch = self.batch[self.batch.index(claimed.id) + 1 :]
+
+    def _may_chain(self) -> bool:
+        """Whether the next claim may ride on this task's settlement: not when the slot is
+        about to stop or to replace its runner, and only with candidates in hand."""
+        if self.stopping or self.reload or self.runner is None or not self.batch:
+            return False
+        limit = self.settings.runner_max_tasks
+        return not (limit and self.runner.tasks >= limit) and not self.settings.runner_max_rss_mib
 
     def _wait_token(self) -> bool:
         proc.set_title(f"slot {self.spec.number} idle")
@@ -328,13 +349,13 @@ class Slot:
 
     # one task
 
-    def _handle(self, claimed: Claimed) -> tuple[Any, ...]:
+    def _handle(self, claimed: Claimed) -> tuple[tuple[Any, ...], Claimed | None]:
         margin = self.settings.lease_margin
         deadline = claimed.deadline(margin)
         started = time.monotonic()
         if past(deadline):
             result = not_started(claimed)
-        elif self.runner is None:  # only while stopping: _loop never claims without one
+        elif self.stopping or self.runner is None:  # a chained claim met a shutdown
             result = Result(SHUTDOWN, "not started: the replica is stopping")
         else:
             result = self._watch(claimed, self.runner, deadline)
@@ -343,15 +364,21 @@ class Slot:
         if self.runner is None and not self.stopping:
             self._spawn_runner()
         settlement = self._settle(claimed, result)
+        if settlement.claim_tried:
+            if settlement.next is not None:
+                self._consumed(settlement.next)
+            else:
+                self.batch = []
         # A handler that never started gives no latency sample, of either kind.
         delay = max(0.0, (claimed.claimed_at - claimed.run_at).total_seconds())
-        return (
+        settled = (
             claimed.id,
             claimed.task_type,
             str(settlement.outcome),
             settlement.duration,
             delay if result.duration is not None else None,
         )
+        return settled, settlement.next
 
     def _watch(self, claimed: Claimed, runner_: Runner, deadline: datetime) -> Result:
         dog = Watchdog.for_deadline(
@@ -418,9 +445,10 @@ class Slot:
         faults = self.spec.faults
         if faults is not None and faults.lose_settlement():
             return Settlement(Outcome.LOST, False, result.duration)
+        then = (self.batch, self.claim_registry) if self._may_chain() else None
         settled = self._with_db(
             lambda repo: settle(
-                repo, claimed, result, shutting_down=self.stopping, logger=self.log
+                repo, claimed, result, shutting_down=self.stopping, logger=self.log, then_claim=then
             ),
             claimed,
         )

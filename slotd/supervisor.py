@@ -253,10 +253,12 @@ class Supervisor:
                 handle.lease, handle.runner_pid = message[1], message[2]
                 self.tokens.offer(remember=False)  # the cascade
             elif kind == "settled":
-                handle.lease = None
-                _, _, task_type, outcome, duration, delay = message
+                _, _, task_type, outcome, duration, delay, handle.lease, runner_pid = message
+                handle.runner_pid = runner_pid or handle.runner_pid
                 if self.metrics is not None:
                     self.metrics.record_outcome(task_type, outcome, duration, delay)
+                if handle.lease is not None:
+                    self.tokens.offer(remember=False)  # the cascade, as for any claim
             elif kind == "empty":
                 if self.metrics is not None:
                     self.metrics.record_empty_claim()

@@ -389,3 +389,30 @@ def test_synchronous_commit_off_is_local_to_the_queue_write(
             cur = lane.execute("SHOW synchronous_commit")
         assert cur.fetchone() == (expected,)
         assert write.execute("SHOW synchronous_commit").fetchone() == ("on",)
+
+
+def test_dequeue_and_claim_settles_one_and_leases_the_next_in_one_statement(
+    conn: psycopg.Connection[Any], repo: Repository
+) -> None:
+    reg = registry_of("plain")
+    first, second = slotd.enqueue_many(conn, [("plain", {}), ("plain", {})])
+    claimed = repo.claim([first], reg)
+    nxt = repo.dequeue_and_claim(first, claimed.token, [second], reg)
+    assert row(conn, first) is None
+    assert nxt is not None and nxt.id == second and nxt.attempt == 1
+    assert row(conn, second)["lease_token"] == nxt.token
+    # Nothing left to claim: the dequeue still happens.
+    assert repo.dequeue_and_claim(second, nxt.token, [second], reg) is None
+    assert row(conn, second) is None
+
+
+def test_dequeue_and_claim_with_a_stale_token_refuses_the_dequeue_but_keeps_the_claim(
+    conn: psycopg.Connection[Any], repo: Repository
+) -> None:
+    reg = registry_of("plain")
+    first, second = slotd.enqueue_many(conn, [("plain", {}), ("plain", {})])
+    repo.claim([first], reg)
+    with pytest.raises(LeaseLost) as lost:
+        repo.dequeue_and_claim(first, uuid.uuid4(), [second], reg)
+    assert row(conn, first) is not None
+    assert lost.value.next_claim is not None and lost.value.next_claim.id == second
