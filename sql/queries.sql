@@ -40,10 +40,15 @@ WITH input AS (
     FROM unnest(%(types)s::text[], %(payloads)s::jsonb[], %(keys)s::text[],
                 %(delays)s::float8[]) WITH ORDINALITY AS i(task_type, payload, key, delay_s, ord)
 ), existing AS (
-    SELECT DISTINCT ON (i.ord) i.ord, t.id
-    FROM input i JOIN slotd_tasks t ON t.task_type = i.task_type AND t.key = i.key
-    WHERE i.key IS NOT NULL AND {live}
-    ORDER BY i.ord, t.id
+    -- One index look-up per keyed input row; unkeyed rows never touch the table here.
+    SELECT i.ord, found.id
+    FROM input i
+    CROSS JOIN LATERAL (
+        SELECT t.id FROM slotd_tasks t
+        WHERE t.task_type = i.task_type AND t.key = i.key AND {live}
+        ORDER BY t.id LIMIT 1
+    ) found
+    WHERE i.key IS NOT NULL
 ), ins AS (
     INSERT INTO slotd_tasks (id, task_type, payload, key, run_at, max_attempts)
     SELECT i.new_id, i.task_type, i.payload, i.key,
