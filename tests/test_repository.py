@@ -13,7 +13,7 @@ import pytest
 import slotd
 from slotd.errors import LeaseLost
 from slotd.registry import Registry
-from slotd.repository import Repository, migrate, migrations
+from slotd.repository import Repository, migrate, migrations, statements
 
 MINUTE = timedelta(minutes=1)
 
@@ -416,3 +416,16 @@ def test_dequeue_and_claim_with_a_stale_token_refuses_the_dequeue_but_keeps_the_
         repo.dequeue_and_claim(first, uuid.uuid4(), [second], reg)
     assert row(conn, first) is not None
     assert lost.value.next_claim is not None and lost.value.next_claim.id == second
+
+
+def test_dedupe_lookup_is_index_driven_on_a_large_table(
+    conn: psycopg.Connection[Any],
+) -> None:
+    slotd.enqueue_many(conn, [("audit", {}, None, f"org:{n}") for n in range(5000)])
+    conn.execute("ANALYZE slotd_tasks")
+    params = {"types": ["audit"], "payloads": ["{}"], "keys": ["org:7"], "delays": [0.0],
+              "max_attempts": 20}  # fmt: skip
+    plan = "\n".join(
+        r[0] for r in conn.execute("EXPLAIN " + statements()["enqueue"], params).fetchall()
+    )
+    assert "Seq Scan on slotd_tasks" not in plan, plan
