@@ -78,6 +78,7 @@ class Supervisor:
         self.signals: list[int] = []
         self.reload_queue: list[int] = []
         self.announced_ready = False
+        self.notified = False  # set by notifications psycopg reads during our own statements
         self.loop_seen = time.monotonic()
         self.metrics: Any = None
         self.server: Any = None
@@ -374,11 +375,15 @@ class Supervisor:
             self.listen_retry_at = time.monotonic() + self.listen_backoff
             self.listen_backoff = min(self.listen_backoff * 2, 30.0)
             return
+        conn.add_notify_handler(self._on_notify)
         self.listen_conn = conn
         self.listen_backoff = 0.5
         # Notifications sent while we were deaf are lost: look once now, not at the next tick.
         self.tokens.offer()
         self._maybe_ready()
+
+    def _on_notify(self, notify: psycopg.Notify) -> None:
+        self.notified = True
 
     def _notifications(self) -> None:
         conn = self.listen_conn
@@ -413,23 +418,27 @@ class Supervisor:
         return self.chores
 
     def _heartbeat(self) -> None:
-        try:
-            self._chores_repo().heartbeat(
-                self.replica_id,
-                socket.gethostname(),
-                os.getpid(),
-                self.settings.slots,
-                self.registry.types,
-            )
-        except psycopg.Error as exc:
-            log.warning("heartbeat failed: %s", _first_line(exc))
-            self.chores = None
+        """Announce this replica, on the LISTEN connection: the write doubles as the proof
+        that this connection is alive (its socket can die silently), so an idle replica
+        costs the primary one statement per heartbeat besides its discoveries."""
         if self.listen_conn is not None:
-            # The LISTEN socket can die silently; a cheap round trip proves it alive.
+            woken_before = self.notified
             try:
-                repository.ping(self.listen_conn)
-            except psycopg.Error as exc:
+                Repository(self.listen_conn).heartbeat(
+                    self.replica_id,
+                    socket.gethostname(),
+                    os.getpid(),
+                    self.settings.slots,
+                    self.registry.types,
+                )
+            except psycopg.OperationalError as exc:
                 self._lost_listen(exc)
+            except psycopg.Error as exc:
+                log.warning("heartbeat failed: %s", _first_line(exc))
+            if self.notified and not woken_before:
+                # A notification that arrived during the heartbeat was read by it.
+                self.notified = False
+                self.tokens.offer()
         sdnotify.notify(f"STATUS=serving: {len(self.slots)} slots, {self._in_flight()} in flight")
 
     def _chores(self) -> None:
@@ -478,9 +487,10 @@ class Supervisor:
         return True, "listening"
 
     def _finish(self) -> None:
+        repo = Repository(self.listen_conn) if self.listen_conn is not None else self.chores
         try:
-            if self.chores is not None:
-                self.chores.replica_gone(self.replica_id)
+            if repo is not None:
+                repo.replica_gone(self.replica_id)
         except psycopg.Error:
             pass
         for conn in (self.listen_conn, self.chores.write if self.chores else None):

@@ -370,3 +370,16 @@ def metric_reader(daemon: Daemon, name: str) -> Any:
         return sum(float(ln.split()[-1]) for ln in body.splitlines() if ln.startswith(name))
 
     return read
+
+
+def test_replica_announces_itself_and_leaves_on_sigterm(
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+) -> None:
+    daemon = start(daemons, db_url, slots=3)
+    repo = slotd.repository.Repository(qconn)
+    seen = wait_for(lambda: repo.replicas(), what="the replica's heartbeat")
+    assert [(r["pid"], r["slots"]) for r in seen] == [(daemon.pid, 3)]
+    assert "rt.noop" in seen[0]["task_types"]
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait(30) == 0
+    assert repo.replicas() == []
