@@ -27,7 +27,7 @@ class SlotdGroup(click.Group):
             click.echo(f"slotd: {exc.format_message()}", err=True)
             sys.exit(2)
         except psycopg.Error as exc:
-            first = db.redact(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+            first = db.first_line(exc)
             click.echo(f"slotd: database error: {first}", err=True)
             sys.exit(1)
         except SlotdError as exc:

@@ -22,6 +22,12 @@ def redact(text: str) -> str:
     return _PASSWORD_PARAM.sub(r"\1***", _PASSWORD_IN_URL.sub(r"\1***\3", text))
 
 
+def first_line(exc: BaseException) -> str:
+    """An error as one redacted line: what logs and the command line print."""
+    text = str(exc).strip()
+    return redact(text.splitlines()[0] if text else type(exc).__name__)
+
+
 def primary_url(settings: Settings) -> str:
     """SLOTD_DATABASE_URL, else DATABASE_URL, else the embedded development server."""
     if settings.database_url:

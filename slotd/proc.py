@@ -124,15 +124,20 @@ def describe_status(status: int | None) -> str:
     return f"exited with status {os.waitstatus_to_exitcode(status)}"
 
 
+def send(pid: int, sig: int) -> None:
+    """Signal one process that may already be gone."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
     """Signal a whole process group: a handler's subprocesses go with it."""
     try:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
+        send(pid, sig)
 
 
 class SelfPipe:

@@ -258,14 +258,14 @@ class Slot:
                 return
             except psycopg.OperationalError as exc:
                 self.log.warning(
-                    "database unreachable, retrying in %.1fs: %s", delay, _first_line(exc)
+                    "database unreachable, retrying in %.1fs: %s", delay, db.first_line(exc)
                 )
                 self._pause(delay)
                 delay = min(delay * 2, 30.0)
         raise SystemExit(0)
 
     def _reconnect(self, exc: Exception) -> None:
-        self.log.warning("lost the database connection: %s", _first_line(exc))
+        self.log.warning("lost the database connection: %s", db.first_line(exc))
         if self.repo is not None:
             for conn in {self.repo.write, self.repo.read}:
                 try:
@@ -394,7 +394,9 @@ class Slot:
             while (step := dog.step(now, self.stopping, self.hurry)) is not None:
                 if step in (Step.CANCEL, Step.INTERRUPT):
                     # The runner alone: its handler's subprocesses must not get the signal.
-                    _signal(runner_.pid, runner.CANCEL if step is Step.CANCEL else runner.INTERRUPT)
+                    proc.send(
+                        runner_.pid, runner.CANCEL if step is Step.CANCEL else runner.INTERRUPT
+                    )
                 elif step is Step.SHUTDOWN_KILL:
                     self._runner_died(Result(SHUTDOWN))
                     return Result(
@@ -482,18 +484,6 @@ def _registry_view(types: list[str], ceilings: list[float]) -> Registry:
 
 def _unreachable(task: Any, ctx: Any) -> None:
     raise AssertionError("the slot never runs handlers itself")
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return db.redact(text.splitlines()[0] if text else type(exc).__name__)
 
 
 def run_slot(spec: SlotSpec, sup: Connection) -> NoReturn:

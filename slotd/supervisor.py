@@ -151,7 +151,7 @@ class Supervisor:
         if self.stopping:
             log.warning("second stop signal: cutting the shutdown grace short")
             for handle in self.slots.values():
-                _signal(handle.pid, signal.SIGTERM)
+                proc.send(handle.pid, signal.SIGTERM)
             self.stop_deadline = time.monotonic() + self.settings.kill_grace.total_seconds() + 5
             return
         self.stopping = True
@@ -162,7 +162,7 @@ class Supervisor:
             self.settings.shutdown_grace.total_seconds(),
         )
         for handle in self.slots.values():
-            _signal(handle.pid, signal.SIGTERM)
+            proc.send(handle.pid, signal.SIGTERM)
         self.respawn_at.clear()
         grace = self.settings.shutdown_grace + self.settings.kill_grace
         self.stop_deadline = time.monotonic() + grace.total_seconds() + 10.0
@@ -172,7 +172,7 @@ class Supervisor:
             number = self.reload_queue.pop(0)
             handle = self.slots.get(number)
             if handle is not None:
-                _signal(handle.pid, signal.SIGHUP)
+                proc.send(handle.pid, signal.SIGHUP)
                 return
         log.info("reload complete")
 
@@ -336,7 +336,7 @@ class Supervisor:
             if self.metrics is not None:
                 self.metrics.record_outcome(lease.task_type, str(settled.outcome), None, None)
         except psycopg.Error as exc:
-            log.error("could not settle task %s of a dead slot: %s", lease.id, _first_line(exc))
+            log.error("could not settle task %s of a dead slot: %s", lease.id, db.first_line(exc))
             self.chores = None
 
     def _kill_remaining(self) -> None:
@@ -370,7 +370,9 @@ class Supervisor:
             repository.listen(conn)
         except psycopg.OperationalError as exc:
             log.warning(
-                "database unreachable, retrying in %.1fs: %s", self.listen_backoff, _first_line(exc)
+                "database unreachable, retrying in %.1fs: %s",
+                self.listen_backoff,
+                db.first_line(exc),
             )
             self.listen_retry_at = time.monotonic() + self.listen_backoff
             self.listen_backoff = min(self.listen_backoff * 2, 30.0)
@@ -402,7 +404,7 @@ class Supervisor:
             self.tokens.offer()
 
     def _lost_listen(self, exc: BaseException) -> None:
-        log.warning("lost the LISTEN connection (%s); reconnecting", _first_line(exc))
+        log.warning("lost the LISTEN connection (%s); reconnecting", db.first_line(exc))
         try:
             assert self.listen_conn is not None
             self.listen_conn.close()
@@ -434,7 +436,7 @@ class Supervisor:
             except psycopg.OperationalError as exc:
                 self._lost_listen(exc)
             except psycopg.Error as exc:
-                log.warning("heartbeat failed: %s", _first_line(exc))
+                log.warning("heartbeat failed: %s", db.first_line(exc))
             if self.notified and not woken_before:
                 # A notification that arrived during the heartbeat was read by it.
                 self.notified = False
@@ -445,7 +447,7 @@ class Supervisor:
         try:
             maintenance.hourly_cleanup(self._chores_repo(), self.settings.retention, log)
         except psycopg.Error as exc:
-            log.warning("retention cleanup failed: %s", _first_line(exc))
+            log.warning("retention cleanup failed: %s", db.first_line(exc))
             self.chores = None
 
     # metrics and the end
@@ -502,15 +504,3 @@ class Supervisor:
         if self.server is not None:
             self.server.close()
         log.info("stopped")
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return db.redact(text.splitlines()[0] if text else type(exc).__name__)
