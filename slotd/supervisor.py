@@ -237,7 +237,9 @@ class Supervisor:
             if handle.conn in ready:
                 self._from_slot(handle)
         for handle in list(self.slots.values()):
-            if handle.watch.poll() is not None:
+            # Only a slot whose exit descriptor fired (or that has none) is worth a waitpid.
+            watched = handle.watch.fd is None or handle.watch in ready
+            if watched and handle.watch.poll() is not None:
                 self._slot_exited(handle)
 
     def _from_slot(self, handle: SlotHandle) -> None:
