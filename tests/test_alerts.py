@@ -93,7 +93,7 @@ def test_promtool_check_rules_accepts_the_shipped_file() -> None:
         [PROMTOOL, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 5 rules found" in proc.stdout
+    assert "SUCCESS: 6 rules found" in proc.stdout
 
 
 def test_every_rule_has_severity_and_operator_annotations() -> None:
@@ -104,6 +104,7 @@ def test_every_rule_has_severity_and_operator_annotations() -> None:
         "SlotdDeadLettersGrowing",
         "SlotdTaskTypeUnhandled",
         "SlotdSlotRestartLoop",
+        "SlotdNoReplicas",
     }
     for rule in rules:
         assert rule["labels"]["severity"] in {"page", "ticket"}, rule["alert"]
@@ -459,4 +460,29 @@ def test_slot_restart_loop_stays_quiet_for_occasional_restarts(tmp_path: Path) -
             ],
             expect("SlotdSlotRestartLoop", "30m"),
         ),
+    )
+
+
+# --- no replica at all --------------------------------------------------------------------------
+
+
+def test_no_replicas_fires_when_the_whole_fleet_is_gone(tmp_path: Path) -> None:
+    assert_promtool_passes(
+        tmp_path,
+        case(
+            [*fleet("slotd_task_slots", "4x5", 2)],  # two replicas, gone after five minutes
+            expect("SlotdNoReplicas", "10m"),
+            expect(
+                "SlotdNoReplicas",
+                "25m",
+                fired("slotd: no replica has reported for 10 minutes", severity="page"),
+            ),
+        ),
+    )
+
+
+def test_no_replicas_stays_quiet_while_one_replica_reports(tmp_path: Path) -> None:
+    assert_promtool_passes(
+        tmp_path,
+        case([*fleet("slotd_task_slots", "4x60", 1)], expect("SlotdNoReplicas", "50m")),
     )
