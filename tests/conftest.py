@@ -13,6 +13,7 @@ import pytest
 from slotd.localpg import LocalPostgres
 from slotd.repository import Repository
 from slotd.testing import ThrowawayPostgres, throwaway_postgres
+from tests.daemon import EXECUTIONS, Daemon
 
 
 @pytest.fixture(scope="session")
@@ -40,3 +41,19 @@ def conn(db_url: str) -> Iterator[psycopg.Connection[Any]]:
 @pytest.fixture
 def repo(conn: psycopg.Connection[Any]) -> Repository:
     return Repository(conn)
+
+
+@pytest.fixture
+def qconn(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    """`conn` with the table the runtime test handlers record their runs in."""
+    conn.execute(EXECUTIONS)
+    return conn
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[Daemon]]:
+    """Daemons a test starts; each is killed with every process it made, whatever happens."""
+    made: list[Daemon] = []
+    yield made
+    for daemon in made:
+        daemon.close()

@@ -18,6 +18,13 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Handlers in tests/apps/runtime.py record each start and end here, on their own connection.
+EXECUTIONS = """
+CREATE TABLE executions (
+    task_id bigint, attempt int, phase text, pid int, note text,
+    at timestamptz DEFAULT clock_timestamp()
+)"""
+
 FAST = {
     "SLOTD_POLL_INTERVAL": "1s",
     "SLOTD_LEASE_MARGIN": "3s",
@@ -39,6 +46,14 @@ def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condi
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.02)
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie awaiting its reaper counts as gone)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 class Daemon:
@@ -96,8 +111,11 @@ class Daemon:
                     if regex.search(line):
                         return line
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or (self.proc and self.proc.poll() is not None and not
-                                      any(regex.search(x) for x in self.lines[after:])):
+                if remaining <= 0 or (
+                    self.proc
+                    and self.proc.poll() is not None
+                    and not any(regex.search(x) for x in self.lines[after:])
+                ):
                     if remaining > 0:
                         self._cond.wait(0.2)  # let the reader drain what is left
                         if any(regex.search(x) for x in self.lines[after:]):

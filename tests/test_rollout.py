@@ -4,30 +4,13 @@ from __future__ import annotations
 
 import signal
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 
 import slotd
 from tests.daemon import Daemon, wait_for
-from tests.test_runtime import EXECUTIONS
-
-
-@pytest.fixture
-def qconn(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
-    conn.execute(EXECUTIONS)
-    return conn
-
-
-@pytest.fixture
-def daemons() -> Iterator[list[Daemon]]:
-    made: list[Daemon] = []
-    yield made
-    for daemon in made:
-        daemon.close()
 
 
 def test_rolling_update_does_every_task_once_and_releases_every_lease(

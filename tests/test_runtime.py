@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -12,27 +11,7 @@ import psycopg
 import pytest
 
 import slotd
-from tests.daemon import Daemon, wait_for
-
-EXECUTIONS = """
-CREATE TABLE executions (
-    task_id bigint, attempt int, phase text, pid int, note text,
-    at timestamptz DEFAULT clock_timestamp()
-)"""
-
-
-@pytest.fixture
-def qconn(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
-    conn.execute(EXECUTIONS)
-    return conn
-
-
-@pytest.fixture
-def daemons(db_url: str) -> Iterator[list[Daemon]]:
-    made: list[Daemon] = []
-    yield made
-    for daemon in made:
-        daemon.close()
+from tests.daemon import Daemon, gone, wait_for
 
 
 def start(daemons: list[Daemon], db_url: str, **kw: Any) -> Daemon:
@@ -99,7 +78,7 @@ def test_watchdog_ends_a_handler_that_ignores_its_context(
     if task_type in KILL_ONLY:
         # Nothing in the handler's frame could run: the runner's process group was killed.
         assert "killed" in row["last_error"]
-        assert not psutil.pid_exists(runner_pid) or psutil.Process(runner_pid).status() == "zombie"
+        assert gone(runner_pid)
     else:
         # Interrupted in its frame at the deadline; the runner itself lives on, idle.
         assert "interrupted at the deadline" in row["last_error"]
@@ -107,9 +86,7 @@ def test_watchdog_ends_a_handler_that_ignores_its_context(
     if task_type == "rt.grandchild":
         grandchild = int(first[2])
         wait_for(
-            lambda: (
-                not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == "zombie"
-            ),
+            lambda: gone(grandchild),
             what="the handler's subprocess to be killed with its runner",
         )
     # The one slot serves again: a fresh runner took over.
@@ -159,7 +136,7 @@ def test_no_retry_overlaps_the_attempt_it_replaces(
     (_, first_pid, _, first_at), (_, _, _, second_at) = runs
     # The second attempt began only after the first handler's process was gone.
     assert (second_at - first_at).total_seconds() >= 1.0
-    assert not psutil.pid_exists(first_pid) or psutil.Process(first_pid).status() == "zombie"
+    assert gone(first_pid)
 
 
 def test_sliced_handler_advances_through_the_runner(
@@ -183,9 +160,7 @@ def test_killed_slot_is_restarted_and_its_lease_settled(
     row = wait_for(lambda: settled(qconn, task_id), what="the supervisor's settlement")
     assert "slot died" in row["last_error"]
     wait_for(
-        lambda: (
-            not psutil.pid_exists(runner_pid) or psutil.Process(runner_pid).status() == "zombie"
-        ),
+        lambda: gone(runner_pid),
         what="the orphaned runner to die",
     )
     follow = slotd.enqueue(qconn, "rt.noop")

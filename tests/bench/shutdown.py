@@ -20,8 +20,7 @@ sys.path.insert(0, str(ROOT))
 import slotd  # noqa: E402
 from slotd.localpg import scratch  # noqa: E402
 from slotd.repository import migrate  # noqa: E402
-from tests.daemon import Daemon, wait_for  # noqa: E402
-from tests.test_runtime import EXECUTIONS  # noqa: E402
+from tests.daemon import EXECUTIONS, Daemon, wait_for  # noqa: E402
 
 
 def one(url: str, task_type: str, grace: str) -> float:
