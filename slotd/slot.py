@@ -156,8 +156,11 @@ class Slot:
         assert self.repo is not None
         for fresh in (False, True):
             if fresh or not self.batch:
-                self.batch = self.repo.discover(
-                    self.claim_registry.types, self.settings.discovery_batch
+                self.batch = self._staggered(
+                    self.repo.discover(
+                        self.claim_registry.types,
+                        self.settings.discovery_batch * self.settings.slots,
+                    )
                 )
                 if not self.batch:
                     return None
@@ -167,6 +170,12 @@ class Slot:
                 return claimed
             self.batch = []
         return None
+
+    def _staggered(self, found: list[int]) -> list[int]:
+        """The oldest-first candidates, rotated so that slot k of n starts k/n of the way in:
+        slots that discovered the same rows claim different ones first."""
+        start = self.spec.number * len(found) // self.settings.slots
+        return found[start:] + found[:start]
 
     def _consumed(self, claimed: Claimed) -> None:
         # The claim takes the oldest claimable candidate, so every candidate before it was

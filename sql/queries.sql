@@ -92,7 +92,9 @@ picked AS MATERIALIZED (
     SELECT t.id FROM slotd_tasks t
     WHERE t.id = ANY(%(ids)s::bigint[]) AND {claimable}
       AND t.task_type = ANY(%(types)s::text[])
-    ORDER BY t.run_at, t.id
+    -- In the caller's order (oldest first, rotated per slot): slots that discovered the same
+    -- rows start at different places instead of all chasing the head.
+    ORDER BY array_position(%(ids)s::bigint[], t.id)
     LIMIT 1
     FOR UPDATE OF t SKIP LOCKED
 ), claimed AS (
