@@ -1,6 +1,7 @@
 """slotd: a durable PostgreSQL task queue and the worker daemon that drains it."""
 
 from slotd.errors import Cancelled, DeadlineExceeded, LeaseLost, SlotdError
+from slotd.outcome import Outcome
 from slotd.registry import Registry
 from slotd.repository import NewTask
 from slotd.task import Context, Task
@@ -11,12 +12,15 @@ __all__ = [
     "DeadlineExceeded",
     "LeaseLost",
     "NewTask",
+    "Outcome",
     "Registry",
     "SlotdError",
     "Task",
     "enqueue",
+    "enqueue_async",
     "enqueue_many",
+    "enqueue_many_async",
 ]
 __version__ = "0.1.0"
 
-from slotd.enqueue import enqueue, enqueue_many  # noqa: E402
+from slotd.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async  # noqa: E402

@@ -25,6 +25,7 @@ _BLOCK = re.compile(r"^-- (name|predicate|fragment): (\S+)\s*$", re.M)
 _SPLICE = re.compile(r"\{(\w+)\}")
 
 Executor = psycopg.Connection[Any] | psycopg.Cursor[Any]
+AsyncExecutor = psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
 
 
 def sql_dir() -> Path:
@@ -124,18 +125,15 @@ class NewTask:
     key: str | None = None
 
 
-def enqueue_many(
-    target: Executor,
-    items: Iterable[NewTask | tuple[Any, ...]],
-    *,
-    max_attempts: int = 20,
-) -> list[int]:
-    """Insert tasks inside the caller's transaction and return their ids, in order; a key
-    with a live row returns that row's id. Everything is validated before anything is
-    sent, so bad input leaves the caller's transaction untouched."""
+def enqueue_params(
+    items: Iterable[NewTask | tuple[Any, ...]], *, max_attempts: int = 20
+) -> dict[str, Any] | None:
+    """The `enqueue` statement's parameters, or None for no items. The one place producer
+    input is validated (the sync and asyncio paths share it): everything is checked before
+    anything is sent, so bad input leaves the caller's transaction untouched."""
     rows = [item if isinstance(item, NewTask) else NewTask(*item) for item in items]
     if not rows:
-        return []
+        return None
     types, payloads, keys, delays = [], [], [], []
     for row in rows:
         types.append(validate_type_name(row.task_type))
@@ -144,19 +142,52 @@ def enqueue_many(
             raise TypeError(f"task {row.task_type!r}: key must be a string")
         keys.append(row.key)
         delays.append(_seconds(row.delay))
-    params = {
+    return {
         "types": types,
         "payloads": payloads,
         "keys": keys,
         "delays": delays,
         "max_attempts": max_attempts,
     }
+
+
+def enqueue_many(
+    target: Executor,
+    items: Iterable[NewTask | tuple[Any, ...]],
+    *,
+    max_attempts: int = 20,
+) -> list[int]:
+    """Insert tasks inside the caller's transaction and return their ids, in order; a key
+    with a live row returns that row's id."""
+    params = enqueue_params(items, max_attempts=max_attempts)
+    if params is None:
+        return []
     result = target.execute(_sql("enqueue"), params).fetchall()
     ids: list[int] = []
     for _ord, task_id, task_type, key in result:
         if task_id is None:  # met a concurrent or same-batch enqueue of the same key
             found = target.execute(_sql("live_by_key"), {"task_type": task_type, "key": key})
             task_id = found.fetchone()[0]  # type: ignore[index]
+        ids.append(task_id)
+    return ids
+
+
+async def enqueue_many_async(
+    target: AsyncExecutor,
+    items: Iterable[NewTask | tuple[Any, ...]],
+    *,
+    max_attempts: int = 20,
+) -> list[int]:
+    """enqueue_many on a psycopg AsyncConnection or AsyncCursor: the same statement."""
+    params = enqueue_params(items, max_attempts=max_attempts)
+    if params is None:
+        return []
+    result = await (await target.execute(_sql("enqueue"), params)).fetchall()
+    ids: list[int] = []
+    for _ord, task_id, task_type, key in result:
+        if task_id is None:  # met a concurrent or same-batch enqueue of the same key
+            found = await target.execute(_sql("live_by_key"), {"task_type": task_type, "key": key})
+            task_id = (await found.fetchone())[0]  # type: ignore[index]
         ids.append(task_id)
     return ids
 

@@ -1,0 +1,1 @@
+"""Runnable example applications (not part of the installed package)."""

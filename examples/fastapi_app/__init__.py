@@ -1,0 +1,1 @@
+"""FastAPI + SQLAlchemy (asyncio, psycopg driver) producing slotd tasks; see README.md here."""
