@@ -9,6 +9,7 @@ import os
 import select
 import signal
 import weakref
+from collections.abc import Container
 from typing import Any
 
 import setproctitle
@@ -53,9 +54,13 @@ def set_title(title: str) -> None:
     setproctitle.setproctitle(f"slotd: {title}")
 
 
-def die_with_parent(sig: int) -> None:
+def die_with_parent(sig: int, parent: int) -> None:
     """Ask the kernel to send `sig` when our parent exits (Linux), so nothing is orphaned
-    by a kill -9 of the supervisor or a slot."""
+    by a kill -9 of the supervisor or a slot.
+
+    `parent` is the pid the parent recorded before forking: comparing getppid() with it
+    (not with 1) is what tells "my parent died before the prctl" apart from "my parent IS
+    pid 1", as the supervisor is in every container."""
     global _libc
     try:
         if _libc is None:
@@ -63,8 +68,56 @@ def die_with_parent(sig: int) -> None:
         _libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except (OSError, AttributeError):
         return
-    if os.getppid() == 1:  # the parent died before the prctl took effect
+    if os.getppid() != parent:  # the parent died before the prctl took effect
         os.kill(os.getpid(), sig)
+
+
+# The signals a freshly forked child must not take with the default action before it has
+# installed its own handlers: they are blocked across the fork and unblocked by the child.
+FORK_BLOCKED = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+
+
+def fork_guarded() -> int:
+    """os.fork() with FORK_BLOCKED blocked in the child until it calls unblock_forked():
+    a SIGTERM that lands between the fork and the child's handlers waits for them instead
+    of killing the child with the default action. The parent's mask is restored at once."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORK_BLOCKED)
+    try:
+        pid = os.fork()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        raise
+    if pid != 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    return pid
+
+
+def unblock_forked() -> None:
+    """In a child of fork_guarded(), once its handlers are installed."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORK_BLOCKED)
+
+
+def reap_orphans(ours: Container[int]) -> int:
+    """Reap exited children that are not in `ours`, leaving ours for their own watch.
+
+    PID 1 inherits every orphan in its namespace (a killed runner's subprocesses, a
+    double-forked helper) and must reap them, or they stay zombies for the pod's life.
+    waitpid(-1) would also steal the exit statuses the slots' ChildWatch waits for, so
+    peek first (WNOWAIT) and reap only a stranger. A dead slot at the head of the line
+    stops the pass; its own watch reaps it and the next pass goes on."""
+    reaped = 0
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return reaped
+        if info is None or info.si_pid == 0 or info.si_pid in ours:
+            return reaped
+        try:
+            os.waitpid(info.si_pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        reaped += 1
 
 
 class ChildWatch:

@@ -54,11 +54,17 @@ def fresh_registry(app: str) -> Registry:
 
 
 def serve(
-    conn: Connection, registry: Registry, slot_no: int, faults: Injector | None = None
+    conn: Connection,
+    registry: Registry,
+    slot_no: int,
+    faults: Injector | None = None,
+    *,
+    parent: int,
 ) -> None:
-    """The runner's loop; never returns (the process ends with os._exit)."""
+    """The runner's loop; never returns (the process ends with os._exit). `parent` is
+    the slot's pid, recorded before the fork."""
     os.setpgid(0, 0)
-    proc.die_with_parent(signal.SIGKILL)
+    proc.die_with_parent(signal.SIGKILL, parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -45,6 +45,8 @@ class SlotSpec:
     write_url: str
     read_url: str | None
     faults: Any = None  # slotd.faults.Injector, when chaos is enabled
+    # The pid of the process that forks the slot, recorded before the fork (1 in a container).
+    parent: int = field(default_factory=os.getpid)
 
 
 @dataclass
@@ -96,7 +98,9 @@ class Slot:
             os._exit(code)
 
     def _setup(self) -> None:
-        proc.die_with_parent(signal.SIGTERM)
+        # SIGTERM is still blocked (proc.fork_guarded): a parent death or a stop that lands
+        # now is taken by our handler below, as a stop, never by the default action.
+        proc.die_with_parent(signal.SIGTERM, self.spec.parent)
         proc.set_title(f"slot {self.spec.number} starting")
         logs.configure(self.settings.log_format, role=f"slot {self.spec.number}")
         self.selfpipe = proc.SelfPipe()
@@ -104,6 +108,7 @@ class Slot:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which leads
         signal.signal(signal.SIGHUP, self._on_hup)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        proc.unblock_forked()
         if self.spec.faults is not None:
             self.spec.faults.on_fault = lambda kind: self._report("fault", kind)
         self._connect()
@@ -304,6 +309,7 @@ class Slot:
 
     def _fork_runner(self, fresh_code: bool) -> Runner | None:
         ours, theirs = socket.socketpair()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the runner; it never returns into the slot's stack
             try:
@@ -317,7 +323,11 @@ class Slot:
                 if fresh_code:
                     registry = runner.fresh_registry(self.spec.app)
                 runner.serve(
-                    Connection(theirs.detach()), registry, self.spec.number, self.spec.faults
+                    Connection(theirs.detach()),
+                    registry,
+                    self.spec.number,
+                    self.spec.faults,
+                    parent=parent,
                 )
             except BaseException:  # noqa: BLE001 - the slot sees the EOF and backs off
                 traceback.print_exc()

@@ -82,6 +82,8 @@ class Supervisor:
         self.loop_seen = time.monotonic()
         self.metrics: Any = None
         self.server: Any = None
+        # As pid 1 (a container's command) every orphan in the namespace is ours to reap.
+        self.reaps_orphans = os.getpid() == 1
 
     # public
 
@@ -188,8 +190,9 @@ class Supervisor:
             self.write_url,
             self.read_url,
             self.faults,
+            parent=os.getpid(),
         )
-        pid = os.fork()
+        pid = proc.fork_guarded()
         if pid == 0:
             try:  # a forked child never returns into the supervisor's stack
                 ours.close()
@@ -241,6 +244,8 @@ class Supervisor:
             watched = handle.watch.fd is None or handle.watch in ready
             if watched and handle.watch.poll() is not None:
                 self._slot_exited(handle)
+        if self.reaps_orphans:
+            proc.reap_orphans({h.pid for h in self.slots.values()})
 
     def _from_slot(self, handle: SlotHandle) -> None:
         while handle.conn.poll():

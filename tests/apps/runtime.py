@@ -127,3 +127,11 @@ def work(task: slotd.Task, ctx: slotd.Context) -> None:
         ctx.check()
         time.sleep(0.01)
     _record(task, "end", note="done")
+
+
+@registry.handler("rt.orphans", ceiling=timedelta(seconds=30))
+def orphans(task: slotd.Task, ctx: slotd.Context) -> None:
+    """Leaves a double-forked helper behind: the shell exits at once, so its `sleep` is
+    re-parented to the namespace's pid 1 and, when it exits, is that process's to reap."""
+    subprocess.run(["sh", "-c", "sleep 0.3 & exit 0"], check=True)
+    _record(task, "start")
