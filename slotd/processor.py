@@ -7,6 +7,7 @@ delivery paths cannot drift apart."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 import traceback
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from slotd import aio
 from slotd import outcome as kinds
 from slotd.errors import Cancelled, DeadlineExceeded, LeaseLost
 from slotd.outcome import Outcome
@@ -50,13 +52,33 @@ def past(deadline: datetime) -> bool:
     return datetime.now(UTC) >= deadline
 
 
+class ReturnedAwaitable(TypeError):
+    """A sync function handed back a coroutine: it never ran, so it cannot count as done."""
+
+
+def call(handler: Handler, ctx: Context) -> Any:
+    """The handler's return value: awaited to its end on this thread's loop when it is an
+    `async def`; a sync one returning an awaitable is an error, never a success."""
+    if handler.is_async:
+        return aio.current().run(handler.fn(ctx.task, ctx))
+    returned = handler.fn(ctx.task, ctx)
+    if inspect.isawaitable(returned):
+        close = getattr(returned, "close", None)
+        if close is not None:
+            close()  # no "never awaited" warning on top of the error
+        raise ReturnedAwaitable("handler returned a coroutine: declare it async def")
+    return returned
+
+
 def execute(handler: Handler, ctx: Context, before: Callable[[], None] | None = None) -> Result:
-    """Call the handler and classify what it did. Never raises for the handler's sake."""
+    """Call the handler and classify what it did. Never raises for the handler's sake.
+
+    Done: None, True or any other value. Continue: False (after advance_cursor)."""
     started = time.monotonic()
     try:
         if before is not None:
             before()  # fault injection for chaos runs
-        returned = handler.fn(ctx.task, ctx)
+        returned = call(handler, ctx)
     except Cancelled as exc:
         kind, error = kinds.SHUTDOWN, _describe(exc)
     except BaseException as exc:  # noqa: BLE001 - a handler's SystemExit is an error too

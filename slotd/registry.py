@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,11 +28,18 @@ def validate_type_name(name: object) -> str:
     return name
 
 
+def is_async(fn: object) -> bool:
+    """An `async def` function, a partial of one, or an object whose __call__ is one."""
+    call = type(fn).__dict__.get("__call__") if not inspect.isroutine(fn) else None
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
 @dataclass(frozen=True)
 class Handler:
     name: str
     fn: HandlerFn
     ceiling: timedelta
+    is_async: bool = False  # async def: the runner awaits it on its event loop
 
 
 class Registry:
@@ -49,7 +57,7 @@ class Registry:
             raise ValueError(f"task type {name!r}: ceiling must be a positive timedelta")
         if not callable(fn):
             raise ValueError(f"task type {name!r}: handler must be callable")
-        self._handlers[name] = Handler(name, fn, ceiling)
+        self._handlers[name] = Handler(name, fn, ceiling, is_async(fn))
         return fn
 
     def handler(self, name: str, *, ceiling: timedelta) -> Callable[[HandlerFn], HandlerFn]:

@@ -3,7 +3,6 @@ loads it, binds parameters and says what a zero-row match means."""
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -17,6 +16,7 @@ from typing import Any
 import psycopg
 
 from slotd.errors import LeaseLost
+from slotd.payload import encode
 from slotd.registry import Registry, validate_type_name
 from slotd.task import Task
 
@@ -101,14 +101,7 @@ def migrate(conn: psycopg.Connection[Any]) -> list[str]:
 
 
 def _json_object(payload: Mapping[str, Any] | None, task_type: str) -> str:
-    if payload is None:
-        payload = {}
-    if not isinstance(payload, Mapping):
-        raise TypeError(f"task {task_type!r}: payload must be a JSON object (a dict)")
-    try:
-        return json.dumps(payload, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"task {task_type!r}: payload is not JSON-serializable: {exc}") from None
+    return encode(payload, f"task {task_type!r}")
 
 
 def _seconds(delay: timedelta | float | int | None) -> float:
@@ -355,8 +348,12 @@ class Repository:
             raise LeaseLost(f"task {task_id}: failure refused, the lease is not ours")
         return Failure(*rows[0])
 
-    def advance_cursor(self, task_id: int, token: uuid.UUID, payload: Mapping[str, Any]) -> bool:
-        body = _json_object(payload, "cursor")
+    def advance_cursor(
+        self, task_id: int, token: uuid.UUID, payload: Mapping[str, Any] | str
+    ) -> bool:
+        """`payload` is the new payload, or its JSON text already encoded (by the handler's
+        Context, in the handler's own frame)."""
+        body = payload if isinstance(payload, str) else encode(payload, "cursor")
         count, _ = self._write("advance_cursor", {"id": task_id, "token": token, "payload": body})
         return count == 1
 

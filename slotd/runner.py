@@ -6,6 +6,7 @@ the slot over the pipe; the slot performs it, fenced, and answers."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
@@ -13,8 +14,8 @@ from datetime import datetime
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from slotd import proc
-from slotd.errors import DeadlineExceeded
+from slotd import aio, proc
+from slotd.errors import Cancelled, DeadlineExceeded
 from slotd.outcome import ERROR
 from slotd.processor import Result, execute, past
 from slotd.registry import Registry, load_registry
@@ -28,19 +29,26 @@ CANCEL = signal.SIGUSR1  # shutdown: ctx.cancelled becomes true
 INTERRUPT = signal.SIGUSR2  # deadline: raise DeadlineExceeded in the handler's frame
 
 
+INTERRUPTED = "interrupted at the deadline by the slot's watchdog"
+
+
 class _State:
     cancelled = False
     armed = False
+    cursor_owed = False  # an async cursor write was cancelled before its answer came
 
 
 def _on_cancel(signum: int, frame: Any) -> None:
     _State.cancelled = True
+    # An async handler is cancelled at its next await; a sync one sees ctx.cancelled.
+    aio.current().cancel(Cancelled("the replica is shutting down"))
 
 
 def _on_interrupt(signum: int, frame: Any) -> None:
     if _State.armed:
         _State.armed = False
-        raise DeadlineExceeded("interrupted at the deadline by the slot's watchdog")
+        if not aio.current().cancel(DeadlineExceeded(INTERRUPTED)):
+            raise DeadlineExceeded(INTERRUPTED)
 
 
 def fresh_registry(app: str) -> Registry:
@@ -105,18 +113,33 @@ def _run(
         return Result(ERROR, f"no handler registered for {task.type!r} in this runner")
     proc.set_title(f"runner {slot_no} running {task.type}#{task.id}")
 
-    def write_cursor(payload: dict[str, Any]) -> bool:
+    def write_cursor(body: str) -> bool:
         # The exchange with the slot must not be torn by the deadline interrupt: a pending
         # interrupt is delivered right after, in the handler's frame.
         signal.pthread_sigmask(signal.SIG_BLOCK, {INTERRUPT})
         try:
-            conn.send(("cursor", payload))
-            reply = conn.recv()
+            conn.send(("cursor", body))
+            return _cursor_reply(conn.recv())
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {INTERRUPT})
-        return bool(reply[1])
 
-    ctx = Context(task, deadline, write_cursor, lambda: _State.cancelled)
+    async def write_cursor_async(body: str) -> bool:
+        # The loop keeps running while the slot writes. A cancel meanwhile leaves the
+        # answer owed; it is read before the result goes back, so the pipe stays in step.
+        loop = asyncio.get_running_loop()
+        answered = loop.create_future()
+        conn.send(("cursor", body))
+        _State.cursor_owed = True
+        loop.add_reader(conn.fileno(), lambda: answered.done() or answered.set_result(None))
+        try:
+            await answered
+        finally:
+            loop.remove_reader(conn.fileno())
+        _State.cursor_owed = False
+        return _cursor_reply(conn.recv())
+
+    cancelled = lambda: _State.cancelled  # noqa: E731
+    ctx = Context(task, deadline, write_cursor, cancelled, write_cursor_async=write_cursor_async)
     _State.cancelled = False
     _State.armed = True
     try:
@@ -125,6 +148,17 @@ def _run(
         result = Result(ERROR, str(exc), ctx.advanced, True)
     finally:
         _State.armed = False
+    if _State.cursor_owed:
+        _State.cursor_owed = False
+        result.advanced = result.advanced or bool(conn.recv()[1])
     result.past_deadline = result.past_deadline or past(deadline)
     proc.set_title(f"runner {slot_no} idle")
     return result
+
+
+def _cursor_reply(reply: tuple[Any, ...]) -> bool:
+    """The slot's answer: written or refused, or the database's error, which is the
+    handler's to see (raised in its frame), never the slot's."""
+    if len(reply) > 2 and reply[2]:
+        raise ValueError(f"cursor not stored: {reply[2]}")
+    return bool(reply[1])

@@ -444,9 +444,9 @@ class Slot:
                     self._report("fault", message[1])
                     continue
                 if message is not None and message[0] == "cursor":
-                    ok = self._advance(claimed, message[1])
+                    ok, error = self._advance(claimed, message[1])
                     advanced = advanced or ok
-                    runner_.conn.send(("cursor_ok", ok))
+                    runner_.conn.send(("cursor_ok", ok, error))
                     continue
             if (runner_.watch in ready or runner_.conn in ready) and runner_.watch.wait(
                 1.0
@@ -455,12 +455,17 @@ class Slot:
                 self._runner_died(result)
                 return result
 
-    def _advance(self, claimed: Claimed, payload: dict[str, Any]) -> bool:
-        return bool(
-            self._with_db(
-                lambda repo: repo.advance_cursor(claimed.id, claimed.token, payload), claimed
+    def _advance(self, claimed: Claimed, body: str) -> tuple[bool, str | None]:
+        """Write a cursor for the runner. Whatever the database says about the data is the
+        handler's error (raised in its frame), never this slot's."""
+        try:
+            ok = self._with_db(
+                lambda repo: repo.advance_cursor(claimed.id, claimed.token, body), claimed
             )
-        )
+        except Exception as exc:  # noqa: BLE001 - bad data must not take the slot down
+            self.log.warning("cursor write failed: %s", db.first_line(exc), extra=_ids(claimed))
+            return False, db.first_line(exc)
+        return bool(ok), None
 
     def _settle(self, claimed: Claimed, result: Result) -> Settlement:
         faults = self.spec.faults
@@ -489,6 +494,10 @@ class Slot:
                     self.log.error("giving up a settlement: the lease has lapsed (%s)", exc)
                     return None
                 self._reconnect(exc)
+
+
+def _ids(claimed: Claimed) -> dict[str, Any]:
+    return {"task_id": claimed.id, "task_type": claimed.task_type, "attempt": claimed.attempt}
 
 
 def _registry_view(types: list[str], ceilings: list[float]) -> Registry:

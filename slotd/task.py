@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from slotd.errors import Cancelled, DeadlineExceeded, LeaseLost
+from slotd.payload import encode
 
 
 @dataclass(frozen=True)
@@ -40,13 +41,15 @@ class Context:
         self,
         task: Task,
         deadline: datetime,
-        write_cursor: Callable[[dict[str, Any]], bool],
+        write_cursor: Callable[[str], bool],
         is_cancelled: Callable[[], bool] = lambda: False,
         log: logging.Logger | None = None,
+        write_cursor_async: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
         self.task = task
         self.deadline = deadline
         self._write_cursor = write_cursor
+        self._write_cursor_async = write_cursor_async
         self._is_cancelled = is_cancelled
         self.advanced = False
         base = log or logging.getLogger("slotd.task")
@@ -73,9 +76,28 @@ class Context:
 
     def advance_cursor(self, payload: Mapping[str, Any]) -> None:
         """Commit progress: new payload, due now, attempts reset, lease cleared. After this
-        the row belongs to the queue again, so return False (continue) next."""
+        the row belongs to the queue again, so return False (continue) next.
+
+        A payload PostgreSQL could not store raises TypeError here, in the handler's frame.
+        From async code this works too but holds the loop for the round trip; prefer
+        `await ctx.advance_cursor_async(...)` there."""
+        self._advanced(self._write_cursor(self._encode(payload)))
+
+    async def advance_cursor_async(self, payload: Mapping[str, Any]) -> None:
+        """advance_cursor for `async def` handlers: the loop keeps running meanwhile."""
+        body = self._encode(payload)
+        if self._write_cursor_async is None:
+            ok = self._write_cursor(body)
+        else:
+            ok = await self._write_cursor_async(body)
+        self._advanced(ok)
+
+    def _encode(self, payload: Mapping[str, Any]) -> str:
         if not isinstance(payload, Mapping):
             raise TypeError("advance_cursor takes the new payload, a JSON object")
-        if not self._write_cursor(dict(payload)):
+        return encode(payload, f"task {self.task.id} cursor")
+
+    def _advanced(self, ok: bool) -> None:
+        if not ok:
             raise LeaseLost(f"task {self.task.id}: cursor refused, the lease was taken over")
         self.advanced = True

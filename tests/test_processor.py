@@ -154,3 +154,51 @@ def test_shutdown_cancel_releases_without_refund(
     row = fetch(conn, task_id)
     assert row["lease_token"] is None and row["attempt_count"] == 1
     assert repo.discover(reg.types) == [task_id]  # picked up again at once, not backed off
+
+
+def test_async_handler_is_awaited_in_process(
+    conn: psycopg.Connection[Any], repo: Repository
+) -> None:
+    import asyncio
+
+    reg = Registry()
+    seen: list[Any] = []
+
+    async def fetch_it(task: slotd.Task, ctx: slotd.Context) -> bool:
+        await asyncio.sleep(0)
+        seen.append(task.payload)
+        cursor = task.payload.get("page", 0)
+        if cursor < 1:
+            await ctx.advance_cursor_async({"page": cursor + 1})
+            return False
+        return True
+
+    reg.register("afetch", fetch_it, ceiling=MINUTE)
+    task_id = slotd.enqueue(conn, "afetch", {"page": 0})
+    _, first = run_one(repo, reg)
+    assert first.outcome is Outcome.CONTINUED
+
+    async def inside_a_loop() -> tuple[Claimed, Any]:
+        return run_one(repo, reg)
+
+    # Called from code that already runs a loop (an async test): still awaited.
+    _, second = asyncio.run(inside_a_loop())
+    assert second.outcome is Outcome.SUCCESS
+    assert seen == [{"page": 0}, {"page": 1}]
+    assert fetch(conn, task_id) is None
+
+
+def test_sync_handler_returning_a_coroutine_fails(
+    conn: psycopg.Connection[Any], repo: Repository
+) -> None:
+    reg = Registry()
+
+    async def real(task: slotd.Task, ctx: slotd.Context) -> None:
+        raise AssertionError("never awaited")
+
+    reg.register("wrapped", lambda task, ctx: real(task, ctx), ceiling=MINUTE)
+    task_id = slotd.enqueue(conn, "wrapped")
+    _, settled = run_one(repo, reg)
+    assert settled.outcome is Outcome.FAILURE
+    error = fetch(conn, task_id)["last_error"]
+    assert "handler returned a coroutine: declare it async def" in error

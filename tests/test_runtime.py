@@ -139,11 +139,12 @@ def test_no_retry_overlaps_the_attempt_it_replaces(
     assert gone(first_pid)
 
 
+@pytest.mark.parametrize("task_type", ["rt.sliced", "rt.async_sliced"])
 def test_sliced_handler_advances_through_the_runner(
-    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon], task_type: str
 ) -> None:
     start(daemons, db_url, slots=1)
-    task_id = slotd.enqueue(qconn, "rt.sliced", {"cursor": 0})
+    task_id = slotd.enqueue(qconn, task_type, {"cursor": 0})
     wait_for(lambda: task_row(qconn, task_id) is None, what="the sliced task to finish")
     assert [note for _, _, note, _ in starts(qconn, task_id)] == ["0", "1", "2", "3"]
 

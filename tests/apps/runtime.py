@@ -3,12 +3,13 @@ in `executions` on its own connection, as an application's handler would write i
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
 import subprocess
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -135,3 +136,83 @@ def orphans(task: slotd.Task, ctx: slotd.Context) -> None:
     re-parented to the namespace's pid 1 and, when it exits, is that process's to reap."""
     subprocess.run(["sh", "-c", "sleep 0.3 & exit 0"], check=True)
     _record(task, "start")
+
+
+# async def handlers: the runner's one event loop runs them.
+
+
+async def _arecord(task: slotd.Task, phase: str, note: str | None = None) -> None:
+    url = os.environ["SLOTD_DATABASE_URL"]
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute(
+            "INSERT INTO executions (task_id, attempt, phase, pid, note) VALUES (%s,%s,%s,%s,%s)",
+            (task.id, task.attempt, phase, os.getpid(), note),
+        )
+
+
+@registry.handler("rt.async_noop", ceiling=timedelta(seconds=30))
+async def async_noop(task: slotd.Task, ctx: slotd.Context) -> None:
+    # The loop's identity: the same loop serves every task of one runner.
+    await _arecord(task, "start", note=str(id(asyncio.get_running_loop())))
+    await asyncio.sleep(0)
+    await _arecord(task, "end")
+
+
+@registry.handler("rt.async_sleep", ceiling=SHORT)
+async def async_sleep(task: slotd.Task, ctx: slotd.Context) -> None:
+    await _arecord(task, "start")
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        await _arecord(task, "cancelled", note=str(ctx.cancelled))
+        raise
+
+
+@registry.handler("rt.async_block", ceiling=SHORT)
+async def async_block(task: slotd.Task, ctx: slotd.Context) -> None:
+    await _arecord(task, "start")
+    time.sleep(3600)  # a blocking call: the loop never gets control back
+
+
+@registry.handler("rt.async_polite", ceiling=timedelta(seconds=60))
+async def async_polite(task: slotd.Task, ctx: slotd.Context) -> None:
+    await _arecord(task, "start")
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        await _arecord(task, "end", note=f"cancelled {ctx.cancelled}")
+        raise
+
+
+@registry.handler("rt.async_sliced", ceiling=timedelta(seconds=30))
+async def async_sliced(task: slotd.Task, ctx: slotd.Context) -> bool:
+    cursor = task.payload.get("cursor", 0)
+    await _arecord(task, "start", note=str(cursor))
+    if cursor >= 3:
+        return True
+    await ctx.advance_cursor_async({"cursor": cursor + 1})
+    return False
+
+
+async def _never_awaited() -> None:
+    raise AssertionError("a coroutine a sync handler returned must never run")
+
+
+@registry.handler("rt.returns_coroutine", ceiling=timedelta(seconds=30))
+def returns_coroutine(task: slotd.Task, ctx: slotd.Context) -> Any:
+    _record(task, "start")
+    return _never_awaited()
+
+
+# Bad data: each is the handler's error, never its slot's.
+
+
+@registry.handler("rt.bad_cursor", ceiling=timedelta(seconds=30))
+def bad_cursor(task: slotd.Task, ctx: slotd.Context) -> bool:
+    _record(task, "start")
+    kind = task.payload.get("kind")
+    if kind == "datetime":
+        ctx.advance_cursor({"at": datetime.now()})
+    elif kind == "nul":
+        ctx.advance_cursor({"name": "a\x00b"})
+    return False
