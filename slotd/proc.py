@@ -193,6 +193,46 @@ def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
         send(pid, sig)
 
 
+def _group_and_state(pid: int) -> tuple[int, str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # Fields after the command's closing parenthesis: state, ppid, pgrp, ...
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    return int(fields[2]), fields[0].decode()
+
+
+def kill_rest_of_group(attempts: int = 5) -> int:
+    """SIGKILL every other live member of our process group, then reap those that are our
+    children. What a runner does after an attempt that timed out or was cancelled: the
+    handler's frame is gone but a subprocess it started (`Popen(...).wait()` interrupted)
+    would otherwise run on beside the retry. Looks again after killing, since a member may
+    fork while we look. A member that called setsid() has left the group and is not seen."""
+    me, group = os.getpid(), os.getpgrp()
+    killed: set[int] = set()
+    for _ in range(attempts):
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == me:
+                continue
+            info = _group_and_state(int(entry))
+            if info is not None and info[0] == group and info[1] not in ("Z", "X"):
+                found.append(int(entry))
+        if not found:
+            break
+        for pid in found:
+            send(pid, signal.SIGKILL)
+        killed.update(found)
+    for pid in killed:  # ours to reap (the others' parents, or pid 1, reap theirs)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    return len(killed)
+
+
 class SelfPipe:
     """Signal handlers only record; the loop wakes on this pipe (signal.set_wakeup_fd)."""
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from slotd import aio, proc
 from slotd.errors import Cancelled, DeadlineExceeded
-from slotd.outcome import ERROR
+from slotd.outcome import DONE, ERROR, SHUTDOWN
 from slotd.processor import Result, execute, past
 from slotd.registry import Registry, load_registry
 from slotd.task import Context, Task
@@ -152,6 +152,11 @@ def _run(
         _State.cursor_owed = False
         result.advanced = result.advanced or bool(conn.recv()[1])
     result.past_deadline = result.past_deadline or past(deadline)
+    timed_out = result.past_deadline and result.kind != DONE
+    if timed_out or _State.cancelled or result.kind == SHUTDOWN:
+        # Nothing an attempt that timed out or was cancelled started may outlive it: the
+        # retry would run beside it. A handler that succeeded keeps what it started.
+        proc.kill_rest_of_group()
     proc.set_title(f"runner {slot_no} idle")
     return result
 

@@ -216,3 +216,22 @@ def bad_cursor(task: slotd.Task, ctx: slotd.Context) -> bool:
     elif kind == "nul":
         ctx.advance_cursor({"name": "a\x00b"})
     return False
+
+
+@registry.handler("rt.popen_wait", ceiling=SHORT)
+def popen_wait(task: slotd.Task, ctx: slotd.Context) -> None:
+    """Interruptible (it waits in Python), so the runner survives its deadline; the `sleep`
+    it started must not."""
+    child = subprocess.Popen(["sleep", "3600"])
+    _record(task, "start", note=str(child.pid))
+    child.wait()
+
+
+@registry.handler("rt.popen_polite", ceiling=timedelta(seconds=60))
+def popen_polite(task: slotd.Task, ctx: slotd.Context) -> None:
+    """Starts a subprocess, then stops when cancelled, leaving it behind."""
+    child = subprocess.Popen(["sleep", "3600"])
+    _record(task, "start", note=str(child.pid))
+    while not ctx.cancelled:
+        time.sleep(0.02)
+    ctx.check()
