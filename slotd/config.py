@@ -92,6 +92,9 @@ def _duration(name: str, default: str) -> timedelta:
     return parse_duration(_env(name) or default, name=name)
 
 
+DEFAULT_KILL_GRACE = timedelta(seconds=5)
+
+
 @dataclass(frozen=True)
 class Faults:
     """Chaos for staging (SLOTD_FAULT_*): probabilities between 0 and 1."""
@@ -120,7 +123,8 @@ class Settings:
     backoff_jitter: float = 0.1
     retention: timedelta = timedelta(days=7)
     shutdown_grace: timedelta = timedelta(seconds=25)
-    kill_grace: timedelta = timedelta(seconds=5)
+    # SLOTD_KILL_GRACE as given; None derives it from the margin (see `kill_grace`).
+    kill_grace_setting: timedelta | None = None
     statement_timeout: timedelta = timedelta(seconds=30)
     lock_timeout: timedelta = timedelta(seconds=5)
     synchronous_commit: bool = True  # off: the queue's own writes only, see sql/queries.sql
@@ -147,7 +151,9 @@ class Settings:
             backoff_jitter=_float("SLOTD_BACKOFF_JITTER", 0.1),
             retention=_duration("SLOTD_RETENTION", "7d"),
             shutdown_grace=_duration("SLOTD_SHUTDOWN_GRACE", "25s"),
-            kill_grace=_duration("SLOTD_KILL_GRACE", "5s"),
+            kill_grace_setting=(
+                _duration("SLOTD_KILL_GRACE", "5s") if _env("SLOTD_KILL_GRACE") else None
+            ),
             statement_timeout=_duration("SLOTD_STATEMENT_TIMEOUT", "30s"),
             lock_timeout=_duration("SLOTD_LOCK_TIMEOUT", "5s"),
             synchronous_commit=_on_off("SLOTD_SYNCHRONOUS_COMMIT", True),
@@ -167,14 +173,27 @@ class Settings:
         )
         return settings.validated()
 
+    @property
+    def kill_grace(self) -> timedelta:
+        """From the deadline's interrupt to the kill: as set, else 5 s or half the margin
+        when that is shorter. The kill and the settlement after it must both land inside
+        the margin, so a short margin (SLOTD_LEASE_MARGIN=3s) gets a short grace instead
+        of a refusal to start."""
+        if self.kill_grace_setting is not None:
+            return self.kill_grace_setting
+        return min(DEFAULT_KILL_GRACE, self.lease_margin / 2)
+
     def with_(self, **changes: object) -> Settings:
         return replace(self, **{k: v for k, v in changes.items() if v is not None}).validated()
 
     def validated(self) -> Settings:
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"bad log format {self.log_format!r}: use text or json")
-        if self.kill_grace >= self.lease_margin:
-            raise ConfigError("SLOTD_KILL_GRACE must be shorter than SLOTD_LEASE_MARGIN")
+        if self.kill_grace >= self.lease_margin:  # only an explicit pair can conflict
+            raise ConfigError(
+                f"SLOTD_KILL_GRACE ({format_duration(self.kill_grace)}) must be shorter than "
+                f"SLOTD_LEASE_MARGIN ({format_duration(self.lease_margin)})"
+            )
         if self.backoff_cap < self.backoff_base:
             raise ConfigError("SLOTD_BACKOFF_CAP must not be shorter than SLOTD_BACKOFF_BASE")
         if self.poll_interval.total_seconds() <= 0:
