@@ -37,6 +37,12 @@ class Result:
     past_deadline: bool = False
     duration: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # The handler's exception itself, for the in-process test modes to chain; never sent
+    # over the runner's pipe (an exception need not pickle), where `error` says it all.
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "exception": None}
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,8 @@ class Settlement:
     duration: float | None = None
     next: Claimed | None = None  # claimed by the same statement as the settlement
     claim_tried: bool = False
+    error: str | None = None  # what the attempt's failure said (the traceback), if it failed
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
 
 
 def past(deadline: datetime) -> bool:
@@ -80,17 +88,21 @@ def execute(handler: Handler, ctx: Context, before: Callable[[], None] | None = 
             before()  # fault injection for chaos runs
         returned = call(handler, ctx)
     except Cancelled as exc:
-        kind, error = kinds.SHUTDOWN, _describe(exc)
+        kind, error, caught = kinds.SHUTDOWN, _describe(exc), exc
     except BaseException as exc:  # noqa: BLE001 - a handler's SystemExit is an error too
+        caught = exc
         if isinstance(exc, KeyboardInterrupt) and ctx.shutting_down:
             kind, error = kinds.SHUTDOWN, _describe(exc)
         else:
             kind, error = kinds.ERROR, _describe(exc)
         if isinstance(exc, DeadlineExceeded):
-            return Result(kind, error, ctx.advanced, True, time.monotonic() - started)
+            took = time.monotonic() - started
+            return Result(kind, error, ctx.advanced, True, took, exception=exc)
     else:
+        caught = None
         kind, error = (kinds.CONTINUE, None) if returned is False else (kinds.DONE, None)
-    return Result(kind, error, ctx.advanced, past(ctx.deadline), time.monotonic() - started)
+    took = time.monotonic() - started
+    return Result(kind, error, ctx.advanced, past(ctx.deadline), took, exception=caught)
 
 
 def _describe(exc: BaseException) -> str:
@@ -209,7 +221,14 @@ def _done(
         " (dead letter)" if dead else "",
         extra=fields,
     )
-    return Settlement(outcome, dead, result.duration)
+    failed = outcome is not Outcome.SUCCESS
+    return Settlement(
+        outcome,
+        dead,
+        result.duration,
+        error=result.error if failed else None,
+        exception=result.exception if failed else None,
+    )
 
 
 def not_started(claimed: Claimed) -> Result:

@@ -456,9 +456,11 @@ class Repository:
 
     # test modes only
 
-    def live_tasks(self, task_type: str | None = None, leased_only: bool = False) -> list[Task]:
-        params = {"task_type": task_type, "leased_only": leased_only}
-        return [Task(*row) for row in self.write.execute(_sql("live_tasks"), params).fetchall()]
+    def task_view(self, view: str, task_type: str | None = None) -> list[tuple[Any, ...]]:
+        """'pending', 'running' or 'dead': (id, type, payload, attempts, key, run_at,
+        last_error, dead) rows."""
+        params = {"view": view, "task_type": task_type}
+        return self.write.execute(_sql("task_view"), params).fetchall()
 
     def lease_of(self, task_id: int) -> tuple[uuid.UUID | None, bool] | None:
         row = self.write.execute(_sql("lease_of"), {"id": task_id}).fetchone()
@@ -506,6 +508,15 @@ def create_database(conn: psycopg.Connection[Any], name: str, template: str | No
         statement = sql.SQL("{} TEMPLATE {}").format(statement, sql.Identifier(template))
     conn.execute(statement)
     return True
+
+
+def waiting_for(conn: psycopg.Connection[Any], holder: int) -> list[int]:
+    """Sessions waiting for a lock held by session `holder`."""
+    return [row[0] for row in conn.execute(_sql("waiting_for"), {"holder": holder})]
+
+
+def cancel_backend(conn: psycopg.Connection[Any], pid: int) -> None:
+    conn.execute(_sql("cancel_backend"), {"pid": pid})
 
 
 def listen(conn: psycopg.Connection[Any]) -> None:

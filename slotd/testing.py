@@ -60,8 +60,48 @@ the row and then claims, runs and settles it inline before returning. A sliced h
 runs slice after slice until it is done. What the daemon would not run now is not run
 either: a delayed task (``delay=``), a task type the registry lacks, a key that matched a
 live row waiting out its backoff -- those stay pending. A failing handler is settled as a
-failure (backoff) and ``enqueue`` returns normally, unless ``propagate=True`` makes it
-raise ``TaskFailed``. ``eager.settlements`` lists ``(task, settlement)`` for each run.
+failure (backoff) and ``enqueue`` returns normally; ``settlement.error`` holds its
+traceback. With propagate on, ``enqueue`` raises ``TaskFailed`` instead, chained to the
+handler's own exception (``raise ... from``, so pytest shows both)::
+
+    @pytest.mark.slotd_eager(propagate=True)        # for one test (or a module: pytestmark)
+    def test_signup(slotd_eager, slotd_conn): ...
+
+    @pytest.mark.parametrize("slotd_eager", [{"propagate": True}], indirect=True)
+    def test_signup_too(slotd_eager, slotd_conn): ...
+
+``eager.settlements`` lists ``(task, settlement)`` for each run. Tasks enqueued with
+``slotd.enqueue_async`` on an asyncio connection cannot be run inline (the handler would
+need the caller's event loop): eager mode refuses them with a TypeError; use
+``task_queue`` on a sync connection to the same database instead.
+
+Handlers that need the database
+-------------------------------
+In the test modes a handler runs in the test's process while the test's transaction is
+open. If the handler opens its own connection, it cannot see the test's uncommitted rows,
+and a write to a row the test holds a lock on would wait for the test, which waits for
+the handler. Give the handler the test's connection instead, through whatever your
+application uses to hand connections out::
+
+    # myapp/db.py
+    def connection():                      # the application's pool, in production
+        return pool.connection()
+
+    # myapp/tasks.py
+    @registry.handler("send_welcome", ceiling=timedelta(seconds=30))
+    def send_welcome(task, ctx):
+        with db.connection() as conn:
+            conn.execute("UPDATE users SET welcomed = true WHERE id = %s", (task.payload["id"],))
+
+    # conftest.py
+    @pytest.fixture(autouse=True)
+    def handlers_use_the_test_connection(slotd_conn, monkeypatch):
+        monkeypatch.setattr(myapp.db, "connection", lambda: contextlib.nullcontext(slotd_conn))
+
+That wait cannot hang a test: while a handler runs, a watcher asks PostgreSQL whether any
+session is waiting for a lock the test's connection holds; if one is, slotd cancels that
+statement (the handler fails with QueryCanceled) and the delivery raises ``BlockedByTest``
+(a ``TaskFailed``) saying so, whatever ``propagate`` says.
 
 Manual mode
 -----------
@@ -84,7 +124,8 @@ test drives delivery in its own thread and on its own connection::
 
 Verbs: ``capture()``, ``deliver_next()``, ``deliver_all(limit)``, ``redeliver_last()``,
 ``fail_next(exc)``, ``drop_next()``, ``expire_leases()``, ``advance_time(delta)``; views:
-``pending()``, ``running()``, ``dead()``, ``history``.
+``pending()``, ``running()``, ``dead()`` (each a list of ``QueuedTask``: a ``slotd.Task``
+plus ``last_error`` and ``dead``), ``history``. ``Outcome`` is ``from slotd import Outcome``.
 
 Time inside a transaction
 -------------------------
@@ -117,6 +158,7 @@ from __future__ import annotations
 import copy
 import importlib
 import logging
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -138,8 +180,10 @@ from slotd.repository import Claimed, Executor, Repository, migrate
 from slotd.task import Context, Task
 
 __all__ = [
+    "BlockedByTest",
     "Eager",
     "ManualQueue",
+    "QueuedTask",
     "TaskFailed",
     "ThrowawayPostgres",
     "eager",
@@ -152,11 +196,93 @@ _enqueue_module = importlib.import_module("slotd.enqueue")
 
 
 class TaskFailed(AssertionError):
-    """Eager mode with propagate=True: a handler run inline did not succeed."""
+    """Eager mode with propagate on: a handler run inline did not succeed. Chained to the
+    handler's exception (``__cause__``) when it raised one."""
+
+
+class BlockedByTest(TaskFailed):
+    """A handler waited for a lock held by the test's own transaction; see "Handlers that
+    need the database" above."""
+
+
+@dataclass(frozen=True)
+class QueuedTask(Task):
+    """A row as the test modes' views show it: the Task a handler would get (`attempt` is
+    the attempts made so far), what its last attempt said, and whether it is dead."""
+
+    last_error: str | None = None
+    dead: bool = False
 
 
 def _connection(target: Executor) -> psycopg.Connection[Any]:
+    if isinstance(target, psycopg.AsyncConnection | psycopg.AsyncCursor):
+        raise TypeError(
+            "slotd eager mode cannot run a task enqueued on an asyncio connection inline; "
+            "enqueue on a sync connection in the test, or deliver it with task_queue"
+        )
     return target.connection if isinstance(target, psycopg.Cursor) else target
+
+
+def _failed(task: Task, settlement: Settlement, cls: type[TaskFailed] = TaskFailed) -> TaskFailed:
+    last = (settlement.error or "").strip().splitlines()[-1:] or [""]
+    reason = f": {last[0]}" if last[0] else ""
+    dead = " (dead letter)" if settlement.dead else ""
+    return cls(
+        f"task {task.type}#{task.id} attempt {task.attempt}: {settlement.outcome}{dead}{reason}"
+    )
+
+
+class _LockWatch:
+    """While a handler runs: is any session waiting for a lock the test's connection holds?
+    The handler then waits for the test, which waits for the handler. Its statement is
+    cancelled, so the test fails with a reason instead of hanging. The watcher connects
+    only if the handler is still running after `grace` seconds: quick handlers cost
+    nothing."""
+
+    def __init__(self, conn: psycopg.Connection[Any], grace: float = 0.5, every: float = 0.1):
+        self.holder = conn.info.backend_pid
+        self.conninfo = psycopg.conninfo.make_conninfo(
+            conn.info.dsn, **({"password": conn.info.password} if conn.info.password else {})
+        )
+        self.grace, self.every = grace, every
+        self.blocked: list[int] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="slotd-lock-watch", daemon=True)
+
+    def __enter__(self) -> _LockWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        if self._done.wait(self.grace):
+            return
+        try:
+            with psycopg.connect(self.conninfo, autocommit=True) as watcher:
+                while not self._done.wait(self.every):
+                    for pid in repository.waiting_for(watcher, self.holder):
+                        self.blocked.append(pid)
+                        repository.cancel_backend(watcher, pid)
+        except psycopg.Error:
+            log.warning(
+                "slotd lock watch could not connect; a handler blocked on the "
+                "test's locks would hang",
+                exc_info=True,
+            )
+
+    def check(self, task: Task, settlement: Settlement) -> Settlement:
+        if not self.blocked:
+            return settlement
+        raise BlockedByTest(
+            f"task {task.type}#{task.id}: its handler waited for a lock held by the test's "
+            f"transaction (session {self.blocked[0]} waited for the test's session "
+            f"{self.holder}), and the test waits for the handler; slotd cancelled the "
+            "handler's statement. Let the handler use the test's connection: see "
+            "'Handlers that need the database' in the slotd.testing docstring."
+        ) from settlement.exception
 
 
 def _rebased(claimed: Claimed) -> Claimed:
@@ -244,16 +370,15 @@ class Eager:
             claimed = repo.claim([task_id], self.registry)
             if claimed is None:
                 return  # delayed, backing off, unregistered type, or already run
-            settlement = process(repo, self.registry, _rebased(claimed))
+            with _LockWatch(repo.write) as watch:
+                settlement = process(repo, self.registry, _rebased(claimed))
             task = claimed.task()
             self.settlements.append((task, settlement))
+            watch.check(task, settlement)
             if settlement.outcome is Outcome.CONTINUED:
                 continue  # the daemon would claim the next slice at once; so do we
             if self.propagate and settlement.outcome is not Outcome.SUCCESS:
-                raise TaskFailed(
-                    f"task {task.type}#{task.id} attempt {task.attempt}: {settlement.outcome}"
-                    f"{' (dead letter)' if settlement.dead else ''}"
-                )
+                raise _failed(task, settlement) from settlement.exception
             return
         raise TaskFailed(f"task {task_id}: still continuing after {self.max_slices} slices")
 
@@ -353,9 +478,10 @@ class ManualQueue:
 
     def _run(self, claimed: Claimed) -> Settlement:
         self._last, self._last_dropped = claimed, False
-        settlement = process(self.repo, self.registry, _rebased(claimed), before=self._before())
+        with _LockWatch(self.conn) as watch:
+            settlement = process(self.repo, self.registry, _rebased(claimed), before=self._before())
         self.history.append((claimed.task(), settlement))
-        return settlement
+        return watch.check(claimed.task(), settlement)
 
     def deliver_next(self) -> Settlement | None:
         """Claim the first due task (by run_at, then id), run it and settle it; None when
@@ -430,8 +556,18 @@ class ManualQueue:
             # row is somehow still under that lease.
             lambda payload: self.repo.advance_cursor(last.id, last.token, payload),
         )
-        result = execute(handler, ctx, self._before())
-        settlement = Settlement(_outcome_of(result), False, result.duration)
+        with _LockWatch(self.conn) as watch:
+            result = execute(handler, ctx, self._before())
+        outcome = _outcome_of(result)
+        failed = outcome is not Outcome.SUCCESS
+        settlement = Settlement(
+            outcome,
+            False,
+            result.duration,
+            error=result.error if failed else None,
+            exception=result.exception if failed else None,
+        )
+        watch.check(duplicate.task(), settlement)
         log.info(
             "task %s#%s duplicate delivery without a lease: %s (nothing written)",
             last.task_type,
@@ -460,23 +596,21 @@ class ManualQueue:
 
     # views
 
-    def _tasks(self, task_type: str | None, leased_only: bool) -> list[Task]:
+    def _tasks(self, view: str, task_type: str | None) -> list[QueuedTask]:
         self._begin()
-        return self.repo.live_tasks(task_type, leased_only)
+        return [QueuedTask(*row) for row in self.repo.task_view(view, task_type)]
 
-    def pending(self, task_type: str | None = None) -> list[Task]:
-        """Every task still owed a run: due, delayed, backing off or leased; not dead.
-        `attempt` is the attempts made so far."""
-        return self._tasks(task_type, leased_only=False)
+    def pending(self, task_type: str | None = None) -> list[QueuedTask]:
+        """Every task still owed a run: due, delayed, backing off or leased; not dead."""
+        return self._tasks("pending", task_type)
 
-    def running(self, task_type: str | None = None) -> list[Task]:
+    def running(self, task_type: str | None = None) -> list[QueuedTask]:
         """Tasks under a live lease (in a manual queue: the dropped ones)."""
-        return self._tasks(task_type, leased_only=True)
+        return self._tasks("running", task_type)
 
-    def dead(self, task_type: str | None = None) -> list[dict[str, Any]]:
+    def dead(self, task_type: str | None = None) -> list[QueuedTask]:
         """Dead letters, newest first, as `slotd dead list` shows them."""
-        self._begin()
-        return self.repo.dead_list(task_type, limit=100_000)
+        return self._tasks("dead", task_type)
 
     @property
     def last_task(self) -> Task | None:
@@ -543,10 +677,27 @@ def slotd_registry() -> Registry:
     pytest.fail(_PROVIDE.format(name="slotd_registry", what="your slotd.Registry"), pytrace=False)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "slotd_eager(propagate=False): options of the slotd_eager fixture; propagate=True "
+        "makes a failing task raise TaskFailed from enqueue",
+    )
+
+
 @pytest.fixture
-def slotd_eager(slotd_registry: Registry, slotd_conn: psycopg.Connection[Any]) -> Iterator[Eager]:
-    """Eager mode for the test: slotd.enqueue runs the task inline."""
-    with eager(slotd_registry, slotd_conn) as runner:
+def slotd_eager(
+    request: pytest.FixtureRequest, slotd_registry: Registry, slotd_conn: psycopg.Connection[Any]
+) -> Iterator[Eager]:
+    """Eager mode for the test: slotd.enqueue runs the task inline. Options come from
+    `@pytest.mark.slotd_eager(propagate=True)` or an indirect parameter
+    (`@pytest.mark.parametrize("slotd_eager", [{"propagate": True}], indirect=True)`)."""
+    marker = request.node.get_closest_marker("slotd_eager")
+    options = {**(marker.kwargs if marker else {}), **getattr(request, "param", {})}
+    unknown = sorted(set(options) - {"propagate"})
+    if unknown:
+        pytest.fail(f"slotd_eager takes only propagate=...; got {unknown}", pytrace=False)
+    with eager(slotd_registry, slotd_conn, propagate=bool(options.get("propagate"))) as runner:
         yield runner
 
 

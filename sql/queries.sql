@@ -316,13 +316,20 @@ SELECT to_regclass('slotd_tasks') IS NOT NULL
 -- background count takes from the primary for no gain in what the scrape reports.
 SELECT set_config('max_parallel_workers_per_gather', '0', true)
 
--- name: live_tasks
--- Test modes' views: every live task (or only the leased ones), in delivery order.
-SELECT t.id, t.task_type, t.payload, t.attempt_count, t.key, t.run_at
+-- name: task_view
+-- Test modes' views, one row shape for all three: 'pending' (every live task), 'running'
+-- (under a live lease), both in delivery order; 'dead' (dead letters), newest first.
+SELECT t.id, t.task_type, t.payload, t.attempt_count, t.key, t.run_at, t.last_error,
+       {dead} AS dead
 FROM slotd_tasks t
-WHERE {live} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
-  AND (NOT %(leased_only)s OR (t.lease_token IS NOT NULL AND {lease_live}))
-ORDER BY t.run_at, t.id
+WHERE (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
+  AND CASE %(view)s::text
+        WHEN 'dead' THEN {dead}
+        WHEN 'running' THEN {live} AND t.lease_token IS NOT NULL AND {lease_live}
+        ELSE {live}
+      END
+ORDER BY CASE WHEN %(view)s::text = 'dead' THEN t.last_attempted_at END DESC NULLS LAST,
+         CASE WHEN %(view)s::text = 'dead' THEN -t.id END, t.run_at, t.id
 
 -- name: lease_of
 SELECT t.lease_token, {lease_live} FROM slotd_tasks t WHERE t.id = %(id)s
@@ -334,3 +341,11 @@ SELECT 1
 
 -- name: database_exists
 SELECT 1 FROM pg_database WHERE datname = %(name)s
+
+-- name: waiting_for
+-- Test modes' lock watch: sessions waiting for a lock that session %(holder)s holds.
+SELECT a.pid FROM pg_stat_activity a
+WHERE a.pid <> pg_backend_pid() AND %(holder)s::int = ANY(pg_blocking_pids(a.pid))
+
+-- name: cancel_backend
+SELECT pg_cancel_backend(%(pid)s)

@@ -17,7 +17,7 @@ import slotd
 from slotd.localpg import LocalPostgresError, find_bindir
 from slotd.outcome import Outcome
 from slotd.repository import Claimed
-from slotd.testing import ManualQueue, TaskFailed, _rebased, eager
+from slotd.testing import BlockedByTest, ManualQueue, QueuedTask, TaskFailed, _rebased, eager
 
 pytest_plugins = ["pytester"]
 enqueue_module = importlib.import_module("slotd.enqueue")
@@ -197,8 +197,9 @@ def test_fail_next_queues_up_and_takes_an_exception_class(
     settled = task_queue.deliver_next()
     assert settled is not None and settled.outcome is Outcome.FAILURE and settled.dead
     [dead] = task_queue.dead()
-    assert "KeyError: 'gone'" in dead["last_error"]
-    assert dead["attempt_count"] == 2
+    assert "KeyError: 'gone'" in (dead.last_error or "")
+    assert dead.attempt == 2 and dead.dead
+    assert "KeyError: 'gone'" in (settled.error or "")  # the settlement says why, too
     assert task_queue.pending() == []
     assert notes == []
 
@@ -222,7 +223,7 @@ def test_dead_and_pending_filter_by_type(
     slotd.enqueue(slotd_conn, "flaky", {"fail": 5}, max_attempts=1)
     slotd.enqueue(slotd_conn, "note", {"text": "later"}, delay=MINUTE)
     task_queue.deliver_all()
-    assert [d["task_type"] for d in task_queue.dead()] == ["flaky"]
+    assert [d.type for d in task_queue.dead()] == ["flaky"]
     assert task_queue.dead("note") == []
     assert [t.type for t in task_queue.pending()] == ["note"]
     assert task_queue.pending("flaky") == []
@@ -266,7 +267,7 @@ def test_a_dropped_final_attempt_becomes_a_dead_letter(
     assert task_queue.drop_next() is not None
     assert task_queue.dead() == []  # leased: not dead yet
     task_queue.expire_leases()
-    assert [d["attempt_count"] for d in task_queue.dead()] == [1]
+    assert [d.attempt for d in task_queue.dead()] == [1]
     assert task_queue.pending() == []
     assert task_queue.deliver_next() is None
 
@@ -455,11 +456,119 @@ def test_eager_settles_a_failure_and_leaves_delayed_tasks_pending(
 def test_eager_propagate_raises_on_failure(slotd_conn: psycopg.Connection[Any]) -> None:
     with eager(registry, slotd_conn, propagate=True) as runner:
         slotd.enqueue(slotd_conn, "note", {"text": "fine"})
-        with pytest.raises(TaskFailed, match="flaky#.* attempt 1: failure"):
+        with pytest.raises(TaskFailed, match="flaky#.* attempt 1: failure: .*attempt 1 fails"):
             slotd.enqueue(slotd_conn, "flaky", {"fail": 1})
     assert len(runner.settlements) == 2
     slotd.enqueue(slotd_conn, "note", {"text": "after"})  # hook removed: not run
     assert notes == [("fine", 1), ("flaky", 1)]
+
+
+def test_a_propagated_failure_chains_the_handlers_exception(
+    slotd_conn: psycopg.Connection[Any],
+) -> None:
+    with eager(registry, slotd_conn, propagate=True), pytest.raises(TaskFailed) as failed:
+        slotd.enqueue(slotd_conn, "flaky", {"fail": 1})
+    cause = failed.value.__cause__
+    assert isinstance(cause, ConnectionError) and str(cause) == "attempt 1 fails"
+
+
+def test_a_swallowed_failure_keeps_its_error_on_the_settlement(slotd_eager: Any) -> None:
+    conn = slotd_eager.repo.write
+    slotd.enqueue(conn, "flaky", {"fail": 1})
+    [(_task, settled)] = slotd_eager.settlements
+    assert settled.outcome is Outcome.FAILURE
+    assert "ConnectionError: attempt 1 fails" in (settled.error or "")
+    assert isinstance(settled.exception, ConnectionError)
+
+
+@pytest.mark.slotd_eager(propagate=True)
+def test_the_slotd_eager_marker_turns_propagate_on(
+    slotd_eager: Any, slotd_conn: psycopg.Connection[Any]
+) -> None:
+    assert slotd_eager.propagate
+    with pytest.raises(TaskFailed):
+        slotd.enqueue(slotd_conn, "flaky", {"fail": 1})
+
+
+@pytest.mark.parametrize("slotd_eager", [{"propagate": True}], indirect=True)
+def test_an_indirect_parameter_turns_propagate_on(
+    slotd_eager: Any, slotd_conn: psycopg.Connection[Any]
+) -> None:
+    with pytest.raises(TaskFailed):
+        slotd.enqueue(slotd_conn, "flaky", {"fail": 1})
+
+
+def test_the_views_return_one_kind_of_object(
+    task_queue: ManualQueue, slotd_conn: psycopg.Connection[Any]
+) -> None:
+    slotd.enqueue(slotd_conn, "flaky", {"fail": 5}, max_attempts=1)
+    slotd.enqueue(slotd_conn, "flaky", {"fail": 5}, max_attempts=2)
+    slotd.enqueue(slotd_conn, "note", {"text": "held"})
+    task_queue.deliver_next()
+    task_queue.deliver_next()
+    task_queue.drop_next()
+    views = task_queue.pending(), task_queue.running(), task_queue.dead()
+    assert all(type(t) is QueuedTask and isinstance(t, slotd.Task) for v in views for t in v)
+    pending, running, dead = views
+    # In delivery order: the held task is due, the failed one backs off.
+    assert [(t.type, t.attempt, t.dead) for t in pending] == [
+        ("note", 1, False),
+        ("flaky", 1, False),
+    ]
+    assert "attempt 1 fails" in (pending[1].last_error or "")
+    assert [t.type for t in running] == ["note"]
+    assert [(t.type, t.attempt, t.dead) for t in dead] == [("flaky", 1, True)]
+
+
+def test_outcome_is_exported_from_slotd() -> None:
+    from slotd import Outcome as Exported
+
+    assert Exported is Outcome
+
+
+@registry.handler("touch_account", ceiling=MINUTE)
+def touch_account(task: slotd.Task, ctx: slotd.Context) -> None:
+    # A handler that opens its own connection, as application code does.
+    with psycopg.connect(task.payload["url"], autocommit=True) as own:
+        own.execute("UPDATE accounts SET touched = true WHERE id = 1")
+    notes.append("touched")
+
+
+@pytest.mark.parametrize("mode", ["eager", "manual"])
+def test_a_handler_blocked_by_the_tests_transaction_fails_instead_of_hanging(
+    mode: str, db_url: str
+) -> None:
+    with psycopg.connect(db_url, autocommit=True) as setup:
+        setup.execute("CREATE TABLE accounts (id int PRIMARY KEY, touched bool)")
+        setup.execute("INSERT INTO accounts VALUES (1, false)")
+    with psycopg.connect(db_url) as conn, conn.transaction(force_rollback=True):
+        conn.execute("UPDATE accounts SET touched = false WHERE id = 1")  # the test's lock
+        if mode == "eager":
+            with (
+                eager(registry, conn),
+                pytest.raises(BlockedByTest, match="test's connection") as e,
+            ):
+                slotd.enqueue(conn, "touch_account", {"url": db_url})
+        else:
+            slotd.enqueue(conn, "touch_account", {"url": db_url})
+            with pytest.raises(BlockedByTest, match="test's connection") as e:
+                ManualQueue(conn, registry).deliver_next()
+        assert isinstance(e.value.__cause__, psycopg.errors.QueryCanceled)
+    assert notes == []
+
+
+def test_eager_refuses_an_async_enqueue_with_a_reason(
+    slotd_conn: psycopg.Connection[Any], db_url: str
+) -> None:
+    import asyncio
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(db_url) as aconn:
+            with pytest.raises(TypeError, match="asyncio connection"):
+                await slotd.enqueue_async(aconn, "note", {"text": "x"})
+
+    with eager(registry, slotd_conn):
+        asyncio.run(main())
 
 
 def test_eager_claims_on_the_connection_that_enqueued(

@@ -81,7 +81,7 @@ def test_fail_next_then_retry_then_dead_letter(task_queue: ManualQueue) -> None:
     task_queue.advance_time(3600)
     last = task_queue.deliver_next()
     assert last is not None and last.dead
-    assert [d["task_type"] for d in task_queue.dead()] == ["django.default"]
+    assert [d.type for d in task_queue.dead()] == ["django.default"]
     shown = add.get_result(result.id)
     assert shown.status == FAILED
     assert shown.errors[-1].exception_class is results.AttemptFailed
