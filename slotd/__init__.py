@@ -16,11 +16,15 @@ __all__ = [
     "Registry",
     "SlotdError",
     "Task",
+    "cancel",
     "enqueue",
     "enqueue_async",
     "enqueue_many",
     "enqueue_many_async",
+    "pause",
+    "resume",
 ]
 __version__ = "0.1.0"
 
+from slotd.control import cancel, pause, resume  # noqa: E402
 from slotd.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async  # noqa: E402

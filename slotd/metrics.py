@@ -149,6 +149,7 @@ class _FleetCollector(Collector):
         yield GaugeMetricFamily("slotd_tasks_running", "", labels=["task_type"])
         yield GaugeMetricFamily("slotd_tasks_dead", "", labels=["task_type"])
         yield GaugeMetricFamily("slotd_task_oldest_due_seconds", "")
+        yield GaugeMetricFamily("slotd_task_type_paused", "", labels=["task_type"])
         yield GaugeMetricFamily("slotd_gauges_up", "")
         yield GaugeMetricFamily("slotd_gauges_last_success_timestamp_seconds", "")
         yield GaugeMetricFamily("slotd_gauges_refresh_seconds", "")
@@ -229,6 +230,18 @@ class _FleetCollector(Collector):
             "How long the longest-waiting claimable task has been due (0 when none)",
             value=float(values.get("oldest_due_seconds") or 0.0),
         )
+        # 1 for a paused type (fleet-wide, like the other table gauges), 0 for this
+        # replica's own types otherwise: the alerts leave paused types out with it.
+        paused = GaugeMetricFamily(
+            "slotd_task_type_paused",
+            "1 while claims of the task type are paused (slotd pause), else 0",
+            labels=["task_type"],
+        )
+        flags = {t: 0.0 for t in self._default_types}
+        flags.update({t: 1.0 for t in values.get("paused") or {}})
+        for task_type in sorted(flags):
+            paused.add_metric([task_type], flags[task_type])
+        yield paused
 
 
 class Metrics:

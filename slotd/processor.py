@@ -117,14 +117,31 @@ def settle(
     shutting_down: bool = False,
     logger: logging.Logger | logging.LoggerAdapter[Any] = log,
     then_claim: tuple[Sequence[int], Registry] | None = None,
+    cancelled_by: str | None = None,
 ) -> Settlement:
     """Write the consequence of `result`, fenced on the token. A refused write means this
     worker no longer owns the row, so nothing is written and the outcome is `lost`.
 
     `then_claim` (candidate ids, registry): on success, claim the next task in the same
-    statement as the dequeue; the claim comes back as `Settlement.next`."""
+    statement as the dequeue; the claim comes back as `Settlement.next`.
+
+    `cancelled_by`: an operator cancelled this attempt (the cancel's reason). However the
+    handler ended, the row stays the dead letter the cancel made it: outcome `cancelled`,
+    never retried. Only a handler that finished its work anyway is settled as a success."""
     task_id, token = claimed.id, claimed.token
     try:
+        if cancelled_by is not None and result.kind != kinds.DONE:
+            if not repo.settle_cancelled(task_id, token):
+                raise LeaseLost(f"task {task_id}: cancel settlement refused")
+            logger.info(
+                "task %s#%s attempt %s: cancelled (%s); not retried",
+                claimed.task_type,
+                claimed.id,
+                claimed.attempt,
+                cancelled_by,
+                extra={**_fields(claimed), "outcome": str(Outcome.CANCELLED)},
+            )
+            return Settlement(Outcome.CANCELLED, True, result.duration)
         if result.kind == kinds.DONE and then_claim and then_claim[0]:
             try:
                 nxt = repo.dequeue_and_claim(task_id, token, *then_claim)

@@ -361,10 +361,27 @@ class Repository:
         _, rows = self._write("release", {"id": task_id, "token": token, "reason": reason})
         return len(rows) == 1
 
+    def settle_cancelled(self, task_id: int, token: uuid.UUID) -> bool:
+        count, _ = self._write("settle_cancelled", {"id": task_id, "token": token})
+        return count == 1
+
+    def cancel_reason(self, task_id: int, token: uuid.UUID) -> str | None:
+        """The cancel's reason when an operator cancelled this lease's task, else None. On
+        the write lane: a replica's lag must not hide a cancel."""
+        row = self.write.execute(_sql("cancelled_lease"), {"id": task_id, "token": token})
+        found = row.fetchone()
+        return str(found[0]) if found else None
+
     # fleet view and maintenance (autocommit statements on the write lane)
 
     def gauges(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"pending": {}, "running": {}, "dead": {}, "oldest_due_seconds": 0.0}
+        out: dict[str, Any] = {
+            "pending": {},
+            "running": {},
+            "dead": {},
+            "paused": {},
+            "oldest_due_seconds": 0.0,
+        }
         for kind, task_type, value in self.read.execute(_sql("gauges")).fetchall():
             if kind == "oldest_due":
                 out["oldest_due_seconds"] = float(value or 0.0)
@@ -521,3 +538,67 @@ def cancel_backend(conn: psycopg.Connection[Any], pid: int) -> None:
 
 def listen(conn: psycopg.Connection[Any]) -> None:
     conn.execute(_sql("listen"))
+
+
+# operator control: cancel, pause, resume (in the caller's transaction, like enqueue)
+
+CONTROL_CHANNEL = "slotd_control"
+
+
+@dataclass(frozen=True)
+class CancelledTask:
+    id: int
+    task_type: str
+    running: bool  # under a live lease: its replica was told to stop it
+
+
+def cancel_tasks(
+    target: Executor,
+    *,
+    by: str,
+    ids: Sequence[int] | None = None,
+    task_type: str | None = None,
+    key: str | None = None,
+    batch: int = 1000,
+) -> list[CancelledTask]:
+    """Cancel up to `batch` live tasks matching every filter given; returns those cancelled
+    (a task that finished, is dead or was already cancelled is not among them)."""
+    params = {
+        "ids": list(ids) if ids else None,
+        "task_type": task_type,
+        "key": key,
+        "by": by,
+        "batch": batch,
+    }
+    rows = target.execute(_sql("cancel"), params).fetchall()
+    return [CancelledTask(*row) for row in rows]
+
+
+def pause_type(
+    target: Executor,
+    task_type: str,
+    *,
+    by: str,
+    until: datetime | None = None,
+    for_seconds: float | None = None,
+) -> dict[str, Any]:
+    params = {"task_type": task_type, "until": until, "for_s": for_seconds, "by": by}
+    cur = target.execute(_sql("pause"), params)
+    names = [col.name for col in cur.description or []]
+    return dict(zip(names, cur.fetchone() or (), strict=True))
+
+
+def resume_type(target: Executor, task_type: str, *, by: str) -> bool | None:
+    """True: it was paused; False: its pause had already ended; None: it was never paused."""
+    row = target.execute(_sql("resume"), {"task_type": task_type, "by": by}).fetchone()
+    return None if row is None else bool(row[0])
+
+
+def paused_types(target: Executor) -> list[dict[str, Any]]:
+    cur = target.execute(_sql("paused_types"))
+    names = [col.name for col in cur.description or []]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def listen_control(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(_sql("listen_control"))

@@ -4,7 +4,12 @@ discovers, claims, hands the task to its runner, watches it, and settles the row
 The slot is its runner's watchdog. At the handler's deadline it interrupts the handler in its
 frame; a kill grace later it kills the runner's whole process group; either way it settles
 the row (fenced on the token) and forks a fresh runner, so a handler that ignores its
-context can neither leak the slot nor run beside its own retry."""
+context can neither leak the slot nor run beside its own retry.
+
+An operator's cancel of the running task reaches the slot from its supervisor (which heard it
+on the control channel) and is carried out like a deadline: ctx.cancelled at once, the kill a
+kill grace later, the row settled `cancelled`. A long attempt also looks for a cancel itself
+now and then, so a notification lost on the way (a LISTEN reconnect) still stops it."""
 
 from __future__ import annotations
 
@@ -33,6 +38,10 @@ from slotd.watchdog import Step, Watchdog
 log = logging.getLogger("slotd.slot")
 
 CRASH_LOOP_FLOOR = 5.0  # a runner that dies younger than this counts toward the backoff
+# A running attempt re-reads its own row for a cancel every this many poll intervals (30 s at
+# the default 5 s): one primary-key read per long task, and the bound on how long a cancel
+# whose notification was lost can go unnoticed.
+CANCEL_RECHECK_POLLS = 6
 BOOT_TIMEOUT = 120.0  # importing a large application can take a while
 
 
@@ -79,6 +88,9 @@ class Slot:
         self.repo: Repository | None = None
         self.crashes = 0
         self.batch: list[int] = []
+        self.cancel_reason: str | None = None  # an operator cancelled the running task
+        self.woken = False  # a wake token that arrived while a task ran
+        self.sup_open = True
         self.log = logging.LoggerAdapter(log, {"slot": spec.number})
 
     # process set-up and the loop
@@ -197,6 +209,9 @@ class Slot:
         return not (limit and self.runner.tasks >= limit) and not self.settings.runner_max_rss_mib
 
     def _wait_token(self) -> bool:
+        if self.woken:
+            self.woken = False
+            return True
         proc.set_title(f"slot {self.spec.number} idle")
         self._report("idle")
         while not self.stopping:
@@ -372,6 +387,7 @@ class Slot:
         margin = self.settings.lease_margin
         deadline = claimed.deadline(margin)
         started = time.monotonic()
+        self.cancel_reason = None
         if past(deadline):
             result = not_started(claimed)
         elif self.stopping or self.runner is None:  # a chained claim met a shutdown
@@ -408,9 +424,19 @@ class Slot:
         label = f"slot {self.spec.number} running {claimed.task_type}#{claimed.id}"
         runner_.conn.send(("run", claimed.task(), deadline))
         runner_.tasks += 1
+        recheck_every = self.settings.poll_interval.total_seconds() * CANCEL_RECHECK_POLLS
+        recheck_at = dog.started + recheck_every
         while True:
             now = time.monotonic()
-            while (step := dog.step(now, self.stopping, self.hurry)) is not None:
+            if self.cancel_reason is None and now >= recheck_at:
+                recheck_at = now + recheck_every
+                self._recheck_cancel(claimed)
+            cancelled = self.cancel_reason is not None
+            while (step := dog.step(now, self.stopping, self.hurry, cancelled)) is not None:
+                if step is Step.CANCEL_KILL:
+                    self._runner_died(Result(KILLED))
+                    grace = self.settings.kill_grace.total_seconds()
+                    return Result(KILLED, f"killed {grace:g}s after it was cancelled", advanced)
                 if step in (Step.CANCEL, Step.INTERRUPT):
                     # The runner alone: its handler's subprocesses must not get the signal.
                     proc.send(
@@ -427,9 +453,12 @@ class Slot:
                     return Result(KILLED, f"killed {grace:g}s after its deadline", advanced, True)
             proc.set_title(f"{label} {now - dog.started:.0f}s/{ceiling.total_seconds():.0f}s")
             timeout = dog.wait_for(now)
-            ready = wait([runner_.conn, runner_.watch, self.selfpipe], timeout=timeout)
+            watched = [runner_.conn, runner_.watch, self.selfpipe]
+            ready = wait([*watched, self.sup] if self.sup_open else watched, timeout=timeout)
             if self.selfpipe in ready:
                 self.selfpipe.drain()
+            if self.sup in ready:
+                self._from_supervisor(claimed)
             if runner_.conn in ready:
                 try:
                     message = runner_.conn.recv()
@@ -455,6 +484,42 @@ class Slot:
                 self._runner_died(result)
                 return result
 
+    def _from_supervisor(self, claimed: Claimed) -> None:
+        while self.sup.poll():
+            try:
+                message = self.sup.recv()
+            except (EOFError, OSError):
+                # The supervisor is gone; its parent-death signal (SIGTERM) is on its way
+                # and the task is released as at any shutdown. Stop watching the pipe.
+                self.sup_open = False
+                return
+            if message[0] == "wake":
+                self.woken = True  # kept for the next wait, never lost
+            elif message[0] == "cancel" and message[2] == str(claimed.token):
+                self._cancelled(claimed, message[3])
+
+    def _recheck_cancel(self, claimed: Claimed) -> None:
+        if self.repo is None:
+            return
+        try:
+            reason = self.repo.cancel_reason(claimed.id, claimed.token)
+        except psycopg.Error as exc:  # the settlement reconnects; this look can wait
+            self.log.warning("could not look for a cancel of task %s: %s", claimed.id, exc)
+            return
+        if reason is not None:
+            self._cancelled(claimed, reason)
+
+    def _cancelled(self, claimed: Claimed, reason: str) -> None:
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+            self.log.info(
+                "task %s#%s %s: stopping it",
+                claimed.task_type,
+                claimed.id,
+                reason if reason.startswith("cancelled") else f"cancelled by {reason}",
+                extra={"task_id": claimed.id, "task_type": claimed.task_type},
+            )
+
     def _advance(self, claimed: Claimed, body: str) -> tuple[bool, str | None]:
         """Write a cursor for the runner. Whatever the database says about the data is the
         handler's error (raised in its frame), never this slot's."""
@@ -474,7 +539,13 @@ class Slot:
         then = (self.batch, self.claim_registry) if self._may_chain() else None
         settled = self._with_db(
             lambda repo: settle(
-                repo, claimed, result, shutting_down=self.stopping, logger=self.log, then_claim=then
+                repo,
+                claimed,
+                result,
+                shutting_down=self.stopping,
+                logger=self.log,
+                then_claim=then,
+                cancelled_by=self.cancel_reason,
             ),
             claimed,
         )

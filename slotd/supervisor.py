@@ -7,6 +7,7 @@ It never runs handler code and never uses a connection in a child it forked."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -33,6 +34,9 @@ log = logging.getLogger("slotd.supervisor")
 HEARTBEAT_EVERY = 30.0
 CHORES_EVERY = 600.0
 SLOT_BACKOFF_CAP = 30.0
+# How long a cancel of a lease no slot here has reported is remembered: its claim may have
+# committed (before the cancel) with the slot's "claimed" message still in the pipe.
+CANCEL_MEMORY = 60.0
 
 
 @dataclass
@@ -79,6 +83,7 @@ class Supervisor:
         self.reload_queue: list[int] = []
         self.announced_ready = False
         self.notified = False  # set by notifications psycopg reads during our own statements
+        self.cancels: dict[str, tuple[float, int, str]] = {}  # token -> (forget at, id, by)
         self.loop_seen = time.monotonic()
         self.metrics: Any = None
         self.server: Any = None
@@ -259,6 +264,7 @@ class Supervisor:
                 self.tokens.slot_idle(handle.number)
             elif kind == "claimed":
                 handle.lease, handle.runner_pid = message[1], message[2]
+                self._cancel_if_asked(handle)
                 self.tokens.offer(remember=False)  # the cascade
             elif kind == "settled":
                 _, _, task_type, outcome, duration, delay, handle.lease, runner_pid = message
@@ -266,6 +272,7 @@ class Supervisor:
                 if self.metrics is not None:
                     self.metrics.record_outcome(task_type, outcome, duration, delay)
                 if handle.lease is not None:
+                    self._cancel_if_asked(handle)
                     self.tokens.offer(remember=False)  # the cascade, as for any claim
             elif kind == "empty":
                 if self.metrics is not None:
@@ -375,6 +382,7 @@ class Supervisor:
         try:
             conn = db.connect(self.write_url, role="slotd listen")
             repository.listen(conn)
+            repository.listen_control(conn)
         except psycopg.OperationalError as exc:
             log.warning(
                 "database unreachable, retrying in %.1fs: %s",
@@ -392,16 +400,23 @@ class Supervisor:
         self._maybe_ready()
 
     def _on_notify(self, notify: psycopg.Notify) -> None:
-        self.notified = True
+        if notify.channel == repository.CONTROL_CHANNEL:
+            self._control(notify.payload)
+        else:
+            self.notified = True
 
     def _notifications(self) -> None:
         conn = self.listen_conn
         assert conn is not None
+        control = repository.CONTROL_CHANNEL.encode()
         try:
             conn.pgconn.consume_input()
             woken = False
-            while conn.pgconn.notifies() is not None:
-                woken = True
+            while (note := conn.pgconn.notifies()) is not None:
+                if note.relname == control:
+                    self._control(note.extra.decode())
+                else:
+                    woken = True
             if conn.pgconn.status != psycopg.pq.ConnStatus.OK:
                 raise psycopg.OperationalError("LISTEN connection closed")
         except (psycopg.Error, OSError) as exc:
@@ -409,6 +424,66 @@ class Supervisor:
             return
         if woken:
             self.tokens.offer()
+
+    # operator control
+
+    def _control(self, payload: str) -> None:
+        """A cancel, pause or resume committed somewhere in the fleet (sql `cancel`, `pause`,
+        `resume`): route a cancel to the slot holding the lease, log the rest."""
+        try:
+            message = json.loads(payload)
+            op, by = message["op"], message["by"]
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignored a malformed control notification %r", payload[:200])
+            return
+        if op == "cancel":
+            self._route_cancel(str(message.get("token")), int(message.get("id") or 0), by)
+        elif op == "pause":
+            until = message.get("until")
+            log.info(
+                "task type %s paused by %s%s",
+                message.get("task_type"),
+                by,
+                f" until {until}" if until else "",
+                extra={"task_type": message.get("task_type"), "by": by},
+            )
+        elif op == "resume":
+            log.info(
+                "task type %s resumed by %s",
+                message.get("task_type"),
+                by,
+                extra={"task_type": message.get("task_type"), "by": by},
+            )
+
+    def _route_cancel(self, token: str, task_id: int, by: str) -> None:
+        for handle in self.slots.values():
+            if handle.lease is not None and str(handle.lease.token) == token:
+                self._tell_cancel(handle, task_id, token, by)
+                return
+        # Not a lease any slot here has reported: another replica's, or one whose "claimed"
+        # message is still on its way. Every replica hears every cancel, so keep it briefly.
+        now = time.monotonic()
+        self.cancels = {t: c for t, c in self.cancels.items() if c[0] > now}
+        self.cancels[token] = (now + CANCEL_MEMORY, task_id, by)
+
+    def _cancel_if_asked(self, handle: SlotHandle) -> None:
+        if self.cancels and handle.lease is not None:
+            asked = self.cancels.pop(str(handle.lease.token), None)
+            if asked is not None:
+                self._tell_cancel(handle, asked[1], str(handle.lease.token), asked[2])
+
+    def _tell_cancel(self, handle: SlotHandle, task_id: int, token: str, by: str) -> None:
+        log.info(
+            "task %s cancelled by %s: stopping it in slot %d",
+            task_id,
+            by,
+            handle.number,
+            extra={"task_id": task_id, "by": by},
+        )
+        try:
+            handle.conn.send(("cancel", task_id, token, by))
+        except OSError:
+            pass  # the slot is dying; the cancelled row is dead once its lease is settled
 
     def _lost_listen(self, exc: BaseException) -> None:
         log.warning("lost the LISTEN connection (%s); reconnecting", db.first_line(exc))

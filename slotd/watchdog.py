@@ -2,8 +2,9 @@
 
 At the deadline the handler is interrupted in its own frame; a kill grace later its runner's
 process group is killed. At shutdown the handler is told at once (ctx.cancelled) and killed
-when the shutdown grace ends, or at once on a second signal. Pure decisions, no processes:
-the slot carries them out."""
+when the shutdown grace ends, or at once on a second signal. An operator's cancel is told at
+once the same way and killed a kill grace later, as a deadline would be. Pure decisions, no
+processes: the slot carries them out."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from enum import Enum
 class Step(Enum):
     INTERRUPT = "interrupt"  # raise DeadlineExceeded in the handler's frame
     KILL = "kill"  # the deadline and the kill grace have passed
-    CANCEL = "cancel"  # shutdown began: set ctx.cancelled
+    CANCEL = "cancel"  # shutdown began or an operator cancelled the task: set ctx.cancelled
     SHUTDOWN_KILL = "shutdown_kill"  # the shutdown grace ran out (or a second signal)
+    CANCEL_KILL = "cancel_kill"  # the kill grace after an operator's cancel has passed
 
 
 @dataclass
@@ -26,8 +28,10 @@ class Watchdog:
     kill_at: float
     shutdown_grace: float
     started: float
+    kill_grace: float = 0.0
     interrupted: bool = False
     shutdown_kill_at: float | None = None
+    cancel_kill_at: float | None = None
 
     @classmethod
     def for_deadline(
@@ -46,10 +50,19 @@ class Watchdog:
             interrupt_at + kill_grace.total_seconds(),
             shutdown_grace.total_seconds(),
             now,
+            kill_grace.total_seconds(),
         )
 
-    def step(self, now: float, stopping: bool = False, hurry: bool = False) -> Step | None:
+    def step(
+        self, now: float, stopping: bool = False, hurry: bool = False, cancelled: bool = False
+    ) -> Step | None:
         """What is due now, at most one thing; call again until it returns None."""
+        if cancelled and self.cancel_kill_at is None:
+            self.cancel_kill_at = now + self.kill_grace
+            if self.shutdown_kill_at is None:  # else the handler was told already
+                return Step.CANCEL
+        if self.cancel_kill_at is not None and now >= self.cancel_kill_at:
+            return Step.CANCEL_KILL
         if stopping and self.shutdown_kill_at is None:
             self.shutdown_kill_at = now + self.shutdown_grace
             return Step.CANCEL
@@ -67,8 +80,9 @@ class Watchdog:
     def wait_for(self, now: float, at_most: float = 1.0) -> float:
         """Seconds until the next step is due (capped, so the caller can refresh its title)."""
         steps = [self.kill_at]
-        if self.shutdown_kill_at is not None:
-            steps.append(self.shutdown_kill_at)
+        for extra in (self.shutdown_kill_at, self.cancel_kill_at):
+            if extra is not None:
+                steps.append(extra)
         if not self.interrupted:
             steps.append(self.interrupt_at)
         return max(0.0, min(min(steps) - now, at_most))

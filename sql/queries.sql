@@ -6,15 +6,35 @@
 (t.lease_expires_at IS NOT NULL AND t.lease_expires_at > now())
 
 -- predicate: claimable
+-- An operator's cancel raises attempt_count to max_attempts, so the attempts clause is also
+-- what keeps a cancelled task from ever being claimed again (see `cancel`).
 (t.run_at <= now() AND t.attempt_count < t.max_attempts
- AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= now()))
+ AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= now())
+ AND {unpaused})
+
+-- predicate: unpaused
+-- Not of a paused type. An uncorrelated sub-select is planned as an InitPlan, run once per
+-- statement: with nothing paused, a discovery or a claim pays one look at an empty table,
+-- not one per candidate row. Every reader of {claimable} inherits it, so the oldest-due
+-- gauge (and with it the starvation alert) ignores paused work too.
+(t.task_type <> ALL (ARRAY(SELECT p.task_type FROM slotd_paused_types p WHERE {pause_active})))
+
+-- predicate: pause_active
+(p.until IS NULL OR p.until > now())
 
 -- predicate: dead
 (t.attempt_count >= t.max_attempts
  AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= now()))
 
 -- predicate: live
-(t.attempt_count < t.max_attempts OR {lease_live})
+-- A cancelled task still under its lease is being stopped, not live work: a fresh enqueue
+-- of its key makes a new task rather than returning the one about to become a dead letter.
+(t.attempt_count < t.max_attempts OR ({lease_live} AND t.cancelled_at IS NULL))
+
+-- fragment: retired_at
+-- When a dead letter stopped: its cancel, else its last attempt (a task cancelled before it
+-- ever ran has no attempt). Retention and the listing measure from here.
+coalesce(t.cancelled_at, t.last_attempted_at)
 
 -- name: bound
 -- SET LOCAL semantics, so the bound holds behind a transaction-mode pooler too.
@@ -137,7 +157,7 @@ WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(token)s::uuid
 -- Capped exponential backoff from the attempt the claim already counted, shortened by up
 -- to the jitter fraction so a thousand simultaneous failures do not return together.
 UPDATE slotd_tasks t
-SET last_error = %(error)s,
+SET last_error = CASE WHEN t.cancelled_at IS NULL THEN %(error)s ELSE t.last_error END,
     run_at = now() + make_interval(secs =>
         least(%(base_s)s * power(2::float8, least(greatest(t.attempt_count - 1, 0), 40)),
               %(cap_s)s) * (1 - %(jitter)s * random())),
@@ -148,7 +168,8 @@ RETURNING t.attempt_count, t.max_attempts, t.run_at
 
 -- name: advance_cursor
 -- Progress and the lease's end in one statement: the row is due, unleased and carries
--- the cursor atomically, and attempts count only slices that got nowhere.
+-- the cursor atomically, and attempts count only slices that got nowhere. Refused once the
+-- task is cancelled: resetting its attempts would bring it back to life.
 UPDATE slotd_tasks t
 SET payload = %(payload)s,
     run_at = now(),
@@ -156,7 +177,7 @@ SET payload = %(payload)s,
     last_error = NULL,
     lease_token = NULL,
     lease_expires_at = NULL
-WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
+WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid AND t.cancelled_at IS NULL
 
 -- name: release
 -- A rollout does not refund the attempt; on the final one the resulting dead letter
@@ -167,8 +188,8 @@ WITH released AS (
     UPDATE slotd_tasks t
     SET lease_token = NULL,
         lease_expires_at = NULL,
-        last_error = CASE WHEN t.attempt_count >= t.max_attempts THEN %(reason)s
-                          ELSE t.last_error END
+        last_error = CASE WHEN t.attempt_count >= t.max_attempts AND t.cancelled_at IS NULL
+                          THEN %(reason)s ELSE t.last_error END
     WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
     RETURNING t.id, t.attempt_count < t.max_attempts AS retryable
 )
@@ -192,24 +213,27 @@ UNION ALL
 SELECT 'dead', t.task_type, count(*)
 FROM slotd_tasks t WHERE {dead} GROUP BY t.task_type
 UNION ALL
+SELECT 'paused', p.task_type, 1 FROM slotd_paused_types p WHERE {pause_active}
+UNION ALL
 SELECT 'oldest_due', NULL, coalesce(extract(epoch FROM now() - (
     SELECT t.run_at FROM slotd_tasks t WHERE {claimable}
     ORDER BY t.run_at, t.id LIMIT 1))::float8, 0)
 
 -- name: dead_list
 SELECT t.id, t.task_type, t.key, t.payload, t.attempt_count, t.last_error,
-       t.last_attempted_at, t.created_at
+       t.last_attempted_at, t.created_at, t.cancelled_at
 FROM slotd_tasks t
 WHERE {dead} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
   AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
-ORDER BY t.last_attempted_at DESC NULLS LAST, t.id DESC
+ORDER BY {retired_at} DESC NULLS LAST, t.id DESC
 LIMIT %(limit)s
 
 -- name: dead_retry
 -- Back to the start: attempts reset and due now. A live row with the same key wins; the
 -- dead one then stays dead rather than violating the dedupe index.
 UPDATE slotd_tasks t
-SET attempt_count = 0, run_at = now(), lease_token = NULL, lease_expires_at = NULL
+SET attempt_count = 0, run_at = now(), lease_token = NULL, lease_expires_at = NULL,
+    cancelled_at = NULL
 WHERE t.id IN (
     SELECT t.id FROM slotd_tasks t
     WHERE {dead} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
@@ -228,7 +252,7 @@ WHERE t.id IN (
     WHERE {dead} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
       AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
       AND (%(older_than_s)s::float8 IS NULL
-           OR t.last_attempted_at < now() - make_interval(secs => %(older_than_s)s))
+           OR {retired_at} < now() - make_interval(secs => %(older_than_s)s))
     ORDER BY t.id LIMIT %(batch)s FOR UPDATE SKIP LOCKED)
 
 -- name: dead_count
@@ -236,7 +260,7 @@ SELECT count(*) FROM slotd_tasks t
 WHERE {dead} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
   AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
   AND (%(older_than_s)s::float8 IS NULL
-       OR t.last_attempted_at < now() - make_interval(secs => %(older_than_s)s))
+       OR {retired_at} < now() - make_interval(secs => %(older_than_s)s))
 
 -- name: replica_heartbeat
 INSERT INTO slotd_replicas AS r (replica_id, hostname, pid, slots, task_types)
@@ -287,6 +311,10 @@ INSERT INTO slotd_schema_migrations (version, name) VALUES (%(version)s, %(name)
 
 -- name: listen
 LISTEN slotd_wake
+
+-- name: listen_control
+-- Operator control: cancels to route to the slot holding the lease, pauses to log.
+LISTEN slotd_control
 
 -- name: set_time_offset
 -- Test modes only: shift this session's idea of now() is impossible, so the manual queue
@@ -349,3 +377,93 @@ WHERE a.pid <> pg_backend_pid() AND %(holder)s::int = ANY(pg_blocking_pids(a.pid
 
 -- name: cancel_backend
 SELECT pg_cancel_backend(%(pid)s)
+
+-- name: cancel
+-- An operator's cancel, in the caller's transaction. Raising attempt_count to the threshold
+-- makes the row dead by {dead} as soon as no live lease holds it: it leaves the discovery
+-- and dedupe indexes, no claim can take it ({claimable} wants attempts left), and the dead
+-- letter gauge, listing, retention and retry all see it with its reason. FOR UPDATE without
+-- SKIP LOCKED: a claim racing this cancel either commits first (then this waits for it,
+-- re-reads the leased row and cancels the running attempt) or meets the cancelled row and
+-- leaves it. A running row keeps its lease, so its slot still settles it fenced; the
+-- control notification (sent only if this commits) tells the replica holding it.
+WITH target AS (
+    SELECT t.id FROM slotd_tasks t
+    WHERE (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
+      AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
+      AND (%(key)s::text IS NULL OR t.key = %(key)s)
+      AND {live}
+    ORDER BY t.id LIMIT %(batch)s
+    FOR UPDATE
+), cancelled AS (
+    UPDATE slotd_tasks t
+    SET attempt_count = greatest(t.attempt_count, t.max_attempts),
+        cancelled_at = now(),
+        last_error = format('cancelled by %%s at %%s %%s', %(by)s::text,
+            to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+            CASE WHEN {lease_live} THEN format('while attempt %%s was running', t.attempt_count)
+                 ELSE format('after %%s attempt(s)', t.attempt_count) END)
+    FROM target
+    WHERE t.id = target.id
+    RETURNING t.id, t.task_type, t.lease_token, {lease_live} AS running
+)
+SELECT c.id, c.task_type, c.running
+FROM cancelled c
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN c.running THEN pg_notify('slotd_control', json_build_object(
+        'op', 'cancel', 'id', c.id, 'token', c.lease_token, 'by', %(by)s::text)::text) END
+) n
+ORDER BY c.id
+
+-- name: cancelled_lease
+-- The slot's own look, on a long attempt, for a cancel whose notification it never got.
+SELECT t.last_error FROM slotd_tasks t
+WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid AND t.cancelled_at IS NOT NULL
+
+-- name: settle_cancelled
+-- The end of an attempt an operator cancelled: the lease goes and the row stays the dead
+-- letter the cancel made it, never retried unless someone runs `slotd dead retry`.
+UPDATE slotd_tasks t
+SET lease_token = NULL, lease_expires_at = NULL
+WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid AND t.cancelled_at IS NOT NULL
+
+-- name: pause
+-- Fleet-wide: the claim statement reads this table, so a pause needs no replica to hear of
+-- it; the control notification is for their logs.
+WITH paused AS (
+    INSERT INTO slotd_paused_types AS p (task_type, until, paused_by)
+    VALUES (%(task_type)s,
+            coalesce(%(until)s::timestamptz, now() + make_interval(secs => %(for_s)s)),
+            %(by)s)
+    ON CONFLICT (task_type) DO UPDATE
+    SET paused_at = now(), until = excluded.until, paused_by = excluded.paused_by
+    RETURNING p.task_type, p.paused_at, p.until, p.paused_by
+)
+SELECT p.task_type, p.paused_at, p.until, p.paused_by
+FROM paused p
+CROSS JOIN LATERAL (
+    SELECT pg_notify('slotd_control', json_build_object(
+        'op', 'pause', 'task_type', p.task_type, 'until', p.until, 'by', p.paused_by)::text)
+) n
+
+-- name: resume
+-- The row goes, and a wake goes out so the type's due work is claimed now, not at the next
+-- tick. (A pause with an end resumes by itself at the first discovery after it.)
+WITH gone AS (
+    DELETE FROM slotd_paused_types p WHERE p.task_type = %(task_type)s
+    RETURNING p.task_type, {pause_active} AS was_paused
+)
+SELECT g.was_paused
+FROM gone g
+CROSS JOIN LATERAL (
+    SELECT pg_notify('slotd_control', json_build_object(
+               'op', 'resume', 'task_type', g.task_type, 'by', %(by)s::text)::text),
+           pg_notify('slotd_wake', '')
+) n
+
+-- name: paused_types
+SELECT p.task_type, p.paused_at, p.until, p.paused_by,
+       extract(epoch FROM p.until - now())::float8 AS remaining_s
+FROM slotd_paused_types p
+WHERE {pause_active}
+ORDER BY p.task_type

@@ -15,13 +15,15 @@ SECRET = "hunter2"
 UNREACHABLE = f"postgresql://slotd:{SECRET}@/jobs?host=/nonexistent/slotd-sock&connect_timeout=2"
 
 
+def run_cli(db_url: str, *args: str, url: str | None = None, input: str | None = None) -> Result:
+    """The commands in-process, as `slotd ARGS` with SLOTD_DATABASE_URL set."""
+    env = {"SLOTD_DATABASE_URL": url or db_url, "SLOTD_DATABASE_URL_READ": None}
+    return CliRunner().invoke(main, list(args), env=env, input=input)
+
+
 @pytest.fixture
 def cli(db_url: str) -> Any:
-    def run(*args: str, url: str | None = None, input: str | None = None) -> Result:
-        env = {"SLOTD_DATABASE_URL": url or db_url, "SLOTD_DATABASE_URL_READ": None}
-        return CliRunner().invoke(main, list(args), env=env, input=input)
-
-    return run
+    return lambda *args, **kw: run_cli(db_url, *args, **kw)
 
 
 def add(conn: psycopg.Connection[Any], task_type: str, **cols: str) -> int:

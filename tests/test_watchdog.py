@@ -49,3 +49,19 @@ def test_wait_for_names_the_next_step_capped_for_the_title() -> None:
     assert abs(d.wait_for(d.interrupt_at - 0.25) - 0.25) < 1e-9
     d.step(d.interrupt_at)
     assert abs(d.wait_for(d.kill_at - 0.5) - 0.5) < 1e-9
+
+
+def test_operator_cancel_tells_at_once_and_kills_a_kill_grace_later() -> None:
+    d = dog()
+    assert d.step(101.0, cancelled=True) is Step.CANCEL
+    assert d.step(101.0, cancelled=True) is None  # told once
+    assert d.wait_for(103.0) == 1.0  # capped; the kill is due at 106
+    assert d.step(105.99, cancelled=True) is None
+    assert d.step(106.0, cancelled=True) is Step.CANCEL_KILL
+
+
+def test_cancel_during_shutdown_does_not_tell_twice_and_kills_after_the_kill_grace() -> None:
+    d = dog()
+    assert d.step(101.0, stopping=True) is Step.CANCEL
+    assert d.step(102.0, stopping=True, cancelled=True) is None
+    assert d.step(107.0, stopping=True, cancelled=True) is Step.CANCEL_KILL

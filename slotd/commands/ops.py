@@ -21,7 +21,7 @@ from slotd.enqueue import enqueue as enqueue_task
 from slotd.errors import ConfigError, SlotdError
 from slotd.maintenance import prune
 from slotd.registry import validate_type_name
-from slotd.repository import Repository
+from slotd.repository import Repository, paused_types
 
 RETRY_BATCH = 1000
 PURGE_BATCH = 5000
@@ -117,10 +117,12 @@ def status(ctx: click.Context, as_json: bool) -> None:
         gauges = repo.gauges()
         by_type = repo.oldest_due_by_type()
         replicas = repo.replicas()
+        paused = paused_types(repo.read)
     types = sorted(set(gauges["pending"]) | set(gauges["running"]) | set(gauges["dead"]))
     if as_json:
         report = {
             **gauges,
+            "paused": {p.pop("task_type"): p for p in paused},
             "oldest_due_by_type": by_type,
             "replicas": replicas,
             "slots": sum(r["slots"] for r in replicas),
@@ -142,6 +144,20 @@ def status(ctx: click.Context, as_json: bool) -> None:
     else:
         click.echo("no tasks")
     click.echo(f"oldest due: {_ago(gauges['oldest_due_seconds']) or '0s'}")
+    if paused:
+        # Their due work is left out of the oldest-due figure: it waits on purpose.
+        rows = [
+            (
+                p["task_type"],
+                p["paused_by"],
+                p["paused_at"].isoformat(timespec="seconds"),
+                f"{_ago(p['remaining_s'])} left" if p["until"] else "resumed",
+            )
+            for p in paused
+        ]
+        click.echo(f"paused: {len(paused)} type{'s' if len(paused) != 1 else ''}")
+        table = _table(("TYPE", "BY", "SINCE", "UNTIL"), rows)
+        click.echo("\n".join("  " + line for line in table.splitlines()))
     slots = sum(r["slots"] for r in replicas)
     click.echo(f"replicas: {len(replicas)} live, {slots} slots")
     if replicas:

@@ -1,0 +1,108 @@
+"""The operator's control of live work: `slotd cancel`, `slotd pause`, `slotd resume`.
+
+Each change is committed in a short transaction of its own and recorded with who made it
+(the OS user and host of this command); the replicas log it as they act on it."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from slotd.commands.ops import _duration, _repository, _task_type
+from slotd.config import format_duration
+from slotd.control import operator
+from slotd.errors import ConfigError
+from slotd.repository import CancelledTask, cancel_tasks, pause_type, resume_type
+
+CANCEL_BATCH = 1000
+
+
+@click.command("cancel")
+@click.option("--id", "ids", type=int, multiple=True, help="This task (repeatable).")
+@click.option("--type", "task_type", help="Every live task of this type.")
+@click.option("--key", help="With --type: only the task with this key.")
+@click.pass_context
+def cancel(
+    ctx: click.Context, ids: tuple[int, ...], task_type: str | None, key: str | None
+) -> None:
+    """Cancel pending or running tasks: a pending one never runs, a running one is stopped
+    by its replica. Neither is retried; `slotd dead list` shows them until retention."""
+    if bool(ids) == (task_type is not None):
+        raise ConfigError("cancel: say which: --id N ... or --type T [--key K] (just one)")
+    if key is not None and task_type is None:
+        raise ConfigError("cancel: --key needs --type")
+    name = _task_type(task_type)
+    who = operator()
+    done: list[CancelledTask] = []
+    with _repository(ctx, "cancel") as repo:
+        while True:  # by type: batches that each commit, so a huge cancel holds no long lock
+            with repo.write.transaction():
+                batch = cancel_tasks(
+                    repo.write,
+                    ids=list(ids) or None,
+                    task_type=name,
+                    key=key,
+                    by=who,
+                    batch=len(ids) if ids else CANCEL_BATCH,
+                )
+            done += batch
+            if ids or len(batch) < CANCEL_BATCH:
+                break
+    running = [t.id for t in done if t.running]
+    click.echo(
+        f"cancelled {len(done)} task{'s' if len(done) != 1 else ''}"
+        + (f" ({len(running)} running: their replicas stop them)" if running else "")
+    )
+    for task in done:
+        click.echo(f"  {task.id} {task.task_type} {'running' if task.running else 'pending'}")
+    missing = sorted(set(ids) - {t.id for t in done})
+    if missing:
+        listed = ", ".join(str(i) for i in missing)
+        click.echo(
+            f"slotd: no live task with id {listed} (finished, dead, already cancelled, "
+            "or never existed)",
+            err=True,
+        )
+        sys.exit(1)
+
+
+@click.command("pause")
+@click.argument("task_type", metavar="TYPE")
+@click.option("--until", "until", help="Resume by itself after this long, like 30m.")
+@click.pass_context
+def pause(ctx: click.Context, task_type: str, until: str | None) -> None:
+    """Stop claims of TYPE on every replica (running tasks finish) until `slotd resume`."""
+    name = _task_type(task_type) or task_type
+    span = _duration(until, "--until")
+    if span is not None and span.total_seconds() <= 0:
+        raise ConfigError("bad --until: it must be longer than 0s")
+    with _repository(ctx, "pause") as repo, repo.write.transaction():
+        row = pause_type(
+            repo.write, name, by=operator(), for_seconds=span.total_seconds() if span else None
+        )
+    ends = ""
+    if span is not None:
+        ends = f" for {format_duration(span)} (until {row['until'].isoformat(timespec='seconds')})"
+    click.echo(f"paused {name}{ends}")
+
+
+@click.command("resume")
+@click.argument("task_type", metavar="TYPE")
+@click.pass_context
+def resume(ctx: click.Context, task_type: str) -> None:
+    """Let claims of TYPE go on."""
+    name = _task_type(task_type) or task_type
+    with _repository(ctx, "resume") as repo, repo.write.transaction():
+        was = resume_type(repo.write, name, by=operator())
+    if was is None:
+        click.echo(f"{name} was not paused")
+    elif not was:
+        click.echo(f"{name} was not paused (its pause had already ended)")
+    else:
+        click.echo(f"resumed {name}")
+
+
+def register(group: click.Group) -> None:
+    for command in (cancel, pause, resume):
+        group.add_command(command)

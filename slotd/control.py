@@ -1,0 +1,96 @@
+"""Operator control of live work, from Python: cancel a task, pause and resume a task type.
+
+Each call runs in the caller's transaction (a psycopg 3 Connection or Cursor) and never
+commits it, like enqueue: a cancel or a pause takes effect, and its notification reaches
+the replicas, only if that transaction commits. Who acted (the OS user and host, unless
+`by` says otherwise) is written with the change and logged here and by every replica."""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import socket
+from datetime import datetime, timedelta
+
+from slotd import repository
+from slotd.registry import validate_type_name
+from slotd.repository import Executor
+
+log = logging.getLogger("slotd.control")
+
+
+def operator() -> str:
+    """`user@host` of this process: who a cancel or a pause is recorded as coming from."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # a container user with no passwd entry
+        user = f"uid {os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
+
+
+def cancel(conn: Executor, task_id: int, *, by: str | None = None) -> bool:
+    """Cancel one task. A pending one never runs; a running one is stopped by the replica
+    holding it (ctx.cancelled, then the kill after the kill grace) and settled `cancelled`.
+    Either way it is never retried and stays listed by `slotd dead list` until retention.
+    False when there was no live task with that id (finished, dead, already cancelled)."""
+    if isinstance(task_id, bool) or not isinstance(task_id, int):
+        raise TypeError(f"task_id must be an int, not {type(task_id).__name__}")
+    who = by or operator()
+    done = repository.cancel_tasks(conn, ids=[task_id], by=who, batch=1)
+    for task in done:
+        log.info(
+            "cancelled task %s#%s%s by %s",
+            task.task_type,
+            task.id,
+            " (running: its replica stops it)" if task.running else "",
+            who,
+            extra={"task_id": task.id, "task_type": task.task_type, "by": who},
+        )
+    return bool(done)
+
+
+def pause(
+    conn: Executor,
+    task_type: str,
+    until: datetime | timedelta | None = None,
+    *,
+    by: str | None = None,
+) -> None:
+    """Stop claims of `task_type` on every replica, until resumed or until `until` (a
+    moment, or a duration from now). Running tasks of the type finish normally."""
+    validate_type_name(task_type)
+    at, for_seconds = _until(until)
+    who = by or operator()
+    repository.pause_type(conn, task_type, by=who, until=at, for_seconds=for_seconds)
+    log.info(
+        "paused task type %s%s by %s",
+        task_type,
+        f" until {until}" if until is not None else "",
+        who,
+        extra={"task_type": task_type, "by": who},
+    )
+
+
+def resume(conn: Executor, task_type: str, *, by: str | None = None) -> bool:
+    """Let claims of `task_type` go on; True when it was paused."""
+    validate_type_name(task_type)
+    who = by or operator()
+    was = repository.resume_type(conn, task_type, by=who)
+    if was:
+        log.info("resumed task type %s by %s", task_type, who, extra={"task_type": task_type})
+    return bool(was)
+
+
+def _until(until: datetime | timedelta | None) -> tuple[datetime | None, float | None]:
+    if until is None:
+        return None, None
+    if isinstance(until, timedelta):
+        if until <= timedelta(0):
+            raise ValueError("pause: until must lie in the future")
+        return None, until.total_seconds()
+    if isinstance(until, datetime):
+        if until.tzinfo is None:
+            raise ValueError("pause: until must be timezone-aware (a naive time is ambiguous)")
+        return until, None
+    raise TypeError(f"pause: until must be a datetime or a timedelta, not {type(until).__name__}")
