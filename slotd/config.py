@@ -52,17 +52,37 @@ def _env(name: str, *fallbacks: str) -> str | None:
     return None
 
 
+def whole_number(raw: str, name: str, minimum: int = 0) -> int:
+    """The one reading of a whole-number setting, wherever it is read: digits only
+    (surrounding blanks allowed), at least `minimum`; else ConfigError (a ValueError)."""
+    text = raw.strip()
+    if not text.isascii() or not text.isdigit():
+        raise ConfigError(f"bad {name} {raw!r}: expected a whole number")
+    value = int(text)
+    if value < minimum:
+        raise ConfigError(f"bad {name} {raw!r}: must be at least {minimum}")
+    return value
+
+
+def max_attempts_value(value: object, name: str = "max_attempts") -> int:
+    """A max_attempts given in code (enqueue, a handler option): a whole number >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"bad {name} {value!r}: expected a whole number")
+    if value < 1:
+        raise ConfigError(f"bad {name} {value!r}: must be at least 1")
+    return value
+
+
+def max_attempts_from_env() -> int:
+    """SLOTD_MAX_ATTEMPTS as every process reads it (the worker, the CLI, a producer)."""
+    return _int("SLOTD_MAX_ATTEMPTS", 20, minimum=1)
+
+
 def _int(name: str, default: int, minimum: int = 0) -> int:
     raw = _env(name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"bad {name} {raw!r}: expected a whole number") from None
-    if value < minimum:
-        raise ConfigError(f"bad {name} {raw!r}: must be at least {minimum}")
-    return value
+    return whole_number(raw, name, minimum)
 
 
 def _float(name: str, default: float, low: float = 0.0, high: float = 1.0) -> float:
@@ -145,7 +165,7 @@ class Settings:
             slots=_int("SLOTD_SLOTS", 4, minimum=1),
             poll_interval=_duration("SLOTD_POLL_INTERVAL", "5s"),
             lease_margin=_duration("SLOTD_LEASE_MARGIN", "30s"),
-            max_attempts=_int("SLOTD_MAX_ATTEMPTS", 20, minimum=1),
+            max_attempts=max_attempts_from_env(),
             backoff_base=_duration("SLOTD_BACKOFF_BASE", "15s"),
             backoff_cap=_duration("SLOTD_BACKOFF_CAP", "10m"),
             backoff_jitter=_float("SLOTD_BACKOFF_JITTER", 0.1),

@@ -3,12 +3,12 @@ from asyncio, on psycopg or on a SQLAlchemy session (see slotd.targets)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
 from slotd import repository
+from slotd.config import max_attempts_from_env, max_attempts_value
 from slotd.repository import NewTask
 from slotd.targets import async_target, sync_target
 
@@ -18,9 +18,13 @@ from slotd.targets import async_target, sync_target
 _hook: Any = None
 
 
-def _max_attempts() -> int:
-    raw = os.environ.get("SLOTD_MAX_ATTEMPTS")
-    return int(raw) if raw and raw.isdigit() and int(raw) > 0 else 20
+def _attempts(max_attempts: int | None) -> dict[str, Any]:
+    """The threshold stamped at enqueue. An explicit max_attempts= is kept for good; without
+    one the stamp is provisional (this process's SLOTD_MAX_ATTEMPTS, read and refused the
+    same way the worker reads it) and the claiming worker stamps its own."""
+    if max_attempts is None:
+        return {"max_attempts": max_attempts_from_env(), "explicit": False}
+    return {"max_attempts": max_attempts_value(max_attempts), "explicit": True}
 
 
 def enqueue_many(
@@ -32,7 +36,7 @@ def enqueue_many(
     `conn`: a psycopg Connection or Cursor, or a SQLAlchemy Session or Connection on the
     psycopg driver (the rows join the session's transaction: its commit commits them)."""
     target = sync_target(conn, "slotd.enqueue_many")
-    ids = repository.enqueue_many(target, items, max_attempts=max_attempts or _max_attempts())
+    ids = repository.enqueue_many(target, items, **_attempts(max_attempts))
     if _hook is not None:
         _hook(target, ids)
     return ids
@@ -59,8 +63,7 @@ async def enqueue_many_async(
     """enqueue_many from asyncio: a psycopg AsyncConnection or AsyncCursor, or a SQLAlchemy
     AsyncSession or AsyncConnection on the psycopg driver. Same statement, same rules."""
     target = await async_target(conn, "slotd.enqueue_many_async")
-    attempts = max_attempts or _max_attempts()
-    ids = await repository.enqueue_many_async(target, items, max_attempts=attempts)
+    ids = await repository.enqueue_many_async(target, items, **_attempts(max_attempts))
     if _hook is not None:
         _hook(target, ids)
     return ids

@@ -5,8 +5,9 @@ class SlotdError(Exception):
     """Base of every slotd error."""
 
 
-class ConfigError(SlotdError):
-    """Bad settings or usage: the CLI exits 2 with this one line."""
+class ConfigError(SlotdError, ValueError):
+    """Bad settings or usage: the CLI exits 2 with this one line; to Python callers it is
+    a ValueError."""
 
 
 class Cancelled(SlotdError):

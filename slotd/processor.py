@@ -13,7 +13,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from slotd import aio
@@ -118,17 +118,20 @@ def settle(
     logger: logging.Logger | logging.LoggerAdapter[Any] = log,
     then_claim: tuple[Sequence[int], Registry] | None = None,
     cancelled_by: str | None = None,
+    registry: Registry | None = None,
 ) -> Settlement:
     """Write the consequence of `result`, fenced on the token. A refused write means this
     worker no longer owns the row, so nothing is written and the outcome is `lost`.
 
     `then_claim` (candidate ids, registry): on success, claim the next task in the same
-    statement as the dequeue; the claim comes back as `Settlement.next`.
+    statement as the dequeue; the claim comes back as `Settlement.next`. `registry`: where
+    the type's own backoff is found (else the worker's).
 
     `cancelled_by`: an operator cancelled this attempt (the cancel's reason). However the
     handler ended, the row stays the dead letter the cancel made it: outcome `cancelled`,
     never retried. Only a handler that finished its work anyway is settled as a success."""
     task_id, token = claimed.id, claimed.token
+    backoff = _backoff(repo, registry, claimed.task_type)
     try:
         if cancelled_by is not None and result.kind != kinds.DONE:
             if not repo.settle_cancelled(task_id, token):
@@ -159,15 +162,32 @@ def settle(
         ):
             return _release(repo, claimed, result, shutting_down, logger)
         if result.kind == kinds.KILLED or (result.kind == kinds.ERROR and result.past_deadline):
-            failure = repo.record_failure(task_id, token, _error_text(result, "deadline exceeded"))
+            text = _error_text(result, "deadline exceeded")
+            failure = repo.record_failure(task_id, token, text, **backoff)
             return _done(Outcome.TIMEOUT, claimed, result, logger, failure.dead)
         if result.kind == kinds.CRASHED:
-            failure = repo.record_failure(task_id, token, _error_text(result, "runner crashed"))
+            text = _error_text(result, "runner crashed")
+            failure = repo.record_failure(task_id, token, text, **backoff)
             return _done(Outcome.CRASHED, claimed, result, logger, failure.dead)
-        failure = repo.record_failure(task_id, token, _error_text(result, "handler failed"))
+        text = _error_text(result, "handler failed")
+        failure = repo.record_failure(task_id, token, text, **backoff)
         return _done(Outcome.FAILURE, claimed, result, logger, failure.dead)
     except LeaseLost:
         return _done(Outcome.LOST, claimed, result, logger)
+
+
+def _backoff(
+    repo: Repository, registry: Registry | None, task_type: str
+) -> dict[str, timedelta | None]:
+    """The type's own backoff where its handler sets one. A base above the worker's cap
+    lifts the cap to it: the handler asked for at least that long."""
+    handler = registry.get(task_type) if registry is not None else None
+    if handler is None:
+        return {}
+    base, cap = handler.backoff_base, handler.backoff_cap
+    if base is not None and cap is None and base > repo.backoff_cap:
+        cap = base
+    return {"backoff_base": base, "backoff_cap": cap}
 
 
 def _release(
@@ -279,4 +299,6 @@ def process(
             is_cancelled,
         )
         result = execute(handler, ctx, before)
-    return settle(repo, claimed, result, shutting_down=is_cancelled(), logger=logger)
+    return settle(
+        repo, claimed, result, shutting_down=is_cancelled(), logger=logger, registry=registry
+    )

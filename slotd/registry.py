@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from slotd.config import max_attempts_value
 from slotd.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -40,6 +41,24 @@ class Handler:
     fn: HandlerFn
     ceiling: timedelta
     is_async: bool = False  # async def: the runner awaits it on its event loop
+    # Limits for this type; None: the worker's SLOTD_MAX_ATTEMPTS / SLOTD_BACKOFF_*.
+    max_attempts: int | None = None
+    backoff_base: timedelta | None = None
+    backoff_cap: timedelta | None = None
+
+    def limits(self) -> tuple[int | None, float | None, float | None]:
+        """As plain numbers, for the runner's hello to its slot."""
+        return (self.max_attempts, _seconds(self.backoff_base), _seconds(self.backoff_cap))
+
+
+def _seconds(value: timedelta | None) -> float | None:
+    return None if value is None else value.total_seconds()
+
+
+def _positive(value: object, what: str) -> timedelta | None:
+    if value is not None and (not isinstance(value, timedelta) or value <= timedelta(0)):
+        raise ValueError(f"{what} must be a positive timedelta, not {value!r}")
+    return value
 
 
 class Registry:
@@ -49,7 +68,18 @@ class Registry:
     def __init__(self) -> None:
         self._handlers: dict[str, Handler] = {}
 
-    def register(self, name: str, fn: HandlerFn, *, ceiling: timedelta) -> HandlerFn:
+    def register(
+        self,
+        name: str,
+        fn: HandlerFn,
+        *,
+        ceiling: timedelta,
+        max_attempts: int | None = None,
+        backoff_base: timedelta | None = None,
+        backoff_cap: timedelta | None = None,
+    ) -> HandlerFn:
+        """`max_attempts`, `backoff_base`, `backoff_cap` override the worker's settings for
+        this type; the worker that claims a task stamps its threshold on the row."""
         validate_type_name(name)
         if name in self._handlers:
             raise ValueError(f"task type {name!r} is already registered")
@@ -57,12 +87,35 @@ class Registry:
             raise ValueError(f"task type {name!r}: ceiling must be a positive timedelta")
         if not callable(fn):
             raise ValueError(f"task type {name!r}: handler must be callable")
-        self._handlers[name] = Handler(name, fn, ceiling, is_async(fn))
+        if max_attempts is not None:
+            max_attempts = max_attempts_value(max_attempts, f"task type {name!r}: max_attempts")
+        _positive(backoff_base, f"task type {name!r}: backoff_base")
+        _positive(backoff_cap, f"task type {name!r}: backoff_cap")
+        if backoff_base and backoff_cap and backoff_cap < backoff_base:
+            raise ValueError(f"task type {name!r}: backoff_cap is shorter than backoff_base")
+        self._handlers[name] = Handler(
+            name, fn, ceiling, is_async(fn), max_attempts, backoff_base, backoff_cap
+        )
         return fn
 
-    def handler(self, name: str, *, ceiling: timedelta) -> Callable[[HandlerFn], HandlerFn]:
+    def handler(
+        self,
+        name: str,
+        *,
+        ceiling: timedelta,
+        max_attempts: int | None = None,
+        backoff_base: timedelta | None = None,
+        backoff_cap: timedelta | None = None,
+    ) -> Callable[[HandlerFn], HandlerFn]:
         def decorate(fn: HandlerFn) -> HandlerFn:
-            return self.register(name, fn, ceiling=ceiling)
+            return self.register(
+                name,
+                fn,
+                ceiling=ceiling,
+                max_attempts=max_attempts,
+                backoff_base=backoff_base,
+                backoff_cap=backoff_cap,
+            )
 
         return decorate
 
@@ -85,6 +138,15 @@ class Registry:
     @property
     def ceilings_seconds(self) -> list[float]:
         return [self._handlers[name].ceiling.total_seconds() for name in self.types]
+
+    def max_attempts(self, default: int) -> list[int]:
+        """Each type's dead-letter threshold, in `types` order: what a claim stamps."""
+        found = (self._handlers[name].max_attempts for name in self.types)
+        return [default if value is None else value for value in found]
+
+    @property
+    def limits(self) -> list[tuple[int | None, float | None, float | None]]:
+        return [self._handlers[name].limits() for name in self.types]
 
 
 def load_registry(spec: str) -> Registry:

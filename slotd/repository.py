@@ -119,7 +119,7 @@ class NewTask:
 
 
 def enqueue_params(
-    items: Iterable[NewTask | tuple[Any, ...]], *, max_attempts: int = 20
+    items: Iterable[NewTask | tuple[Any, ...]], *, max_attempts: int = 20, explicit: bool = False
 ) -> dict[str, Any] | None:
     """The `enqueue` statement's parameters, or None for no items. The one place producer
     input is validated (the sync and asyncio paths share it): everything is checked before
@@ -141,6 +141,7 @@ def enqueue_params(
         "keys": keys,
         "delays": delays,
         "max_attempts": max_attempts,
+        "explicit": explicit,
     }
 
 
@@ -149,20 +150,31 @@ def enqueue_many(
     items: Iterable[NewTask | tuple[Any, ...]],
     *,
     max_attempts: int = 20,
+    explicit: bool = False,
 ) -> list[int]:
     """Insert tasks inside the caller's transaction and return their ids, in order; a key
-    with a live row returns that row's id."""
-    params = enqueue_params(items, max_attempts=max_attempts)
+    with a live row returns that row's id. `explicit=False`: the claiming worker stamps
+    its own max_attempts over this one."""
+    params = enqueue_params(items, max_attempts=max_attempts, explicit=explicit)
     if params is None:
         return []
     result = target.execute(_sql("enqueue"), params).fetchall()
     ids: list[int] = []
-    for _ord, task_id, task_type, key in result:
-        if task_id is None:  # met a concurrent or same-batch enqueue of the same key
+    for index, (_ord, task_id, task_type, key) in enumerate(result):
+        for _ in range(_KEY_TRIES):
+            if task_id is not None:
+                break
+            # Met a concurrent or same-batch enqueue of the same key: a new statement sees
+            # that row, unless it was claimed and finished meanwhile; then insert ours.
             found = target.execute(_sql("live_by_key"), {"task_type": task_type, "key": key})
-            task_id = found.fetchone()[0]  # type: ignore[index]
-        ids.append(task_id)
+            row = found.fetchone()
+            task_id = row[0] if row else _enqueue_one(target, params, index)
+        ids.append(_found(task_id, task_type, key))
     return ids
+
+
+def _enqueue_one(target: Executor, params: dict[str, Any], index: int) -> int | None:
+    return target.execute(_sql("enqueue"), _one(params, index)).fetchall()[0][1]
 
 
 async def enqueue_many_async(
@@ -170,19 +182,43 @@ async def enqueue_many_async(
     items: Iterable[NewTask | tuple[Any, ...]],
     *,
     max_attempts: int = 20,
+    explicit: bool = False,
 ) -> list[int]:
     """enqueue_many on a psycopg AsyncConnection or AsyncCursor: the same statement."""
-    params = enqueue_params(items, max_attempts=max_attempts)
+    params = enqueue_params(items, max_attempts=max_attempts, explicit=explicit)
     if params is None:
         return []
     result = await (await target.execute(_sql("enqueue"), params)).fetchall()
     ids: list[int] = []
-    for _ord, task_id, task_type, key in result:
-        if task_id is None:  # met a concurrent or same-batch enqueue of the same key
+    for index, (_ord, task_id, task_type, key) in enumerate(result):
+        for _ in range(_KEY_TRIES):
+            if task_id is not None:
+                break
             found = await target.execute(_sql("live_by_key"), {"task_type": task_type, "key": key})
-            task_id = (await found.fetchone())[0]  # type: ignore[index]
-        ids.append(task_id)
+            row = await found.fetchone()
+            if row:
+                task_id = row[0]
+            else:
+                again = await target.execute(_sql("enqueue"), _one(params, index))
+                task_id = (await again.fetchall())[0][1]
+        ids.append(_found(task_id, task_type, key))
     return ids
+
+
+# A keyed row that keeps finishing between our two statements, this many times in a row,
+# is not a race any more but a bug worth an error.
+_KEY_TRIES = 5
+
+
+def _one(params: dict[str, Any], index: int) -> dict[str, Any]:
+    """The enqueue parameters for input row `index` alone."""
+    return {k: v[index : index + 1] if isinstance(v, list) else v for k, v in params.items()}
+
+
+def _found(task_id: int | None, task_type: str, key: str | None) -> int:
+    if task_id is None:
+        raise RuntimeError(f"task {task_type!r} key {key!r}: no live row and no insert")
+    return task_id
 
 
 @dataclass(frozen=True)
@@ -236,6 +272,7 @@ class Repository:
         read: psycopg.Connection[Any] | None = None,
         *,
         lease_margin: timedelta = timedelta(seconds=30),
+        max_attempts: int = 20,
         backoff_base: timedelta = timedelta(seconds=15),
         backoff_cap: timedelta = timedelta(minutes=10),
         backoff_jitter: float = 0.1,
@@ -247,6 +284,8 @@ class Repository:
         self.synchronous_commit = synchronous_commit
         self.read = read or write
         self.lease_margin = lease_margin
+        self.max_attempts = max_attempts
+        self.backoff_cap = backoff_cap
         self._backoff = {
             "base_s": backoff_base.total_seconds(),
             "cap_s": backoff_cap.total_seconds(),
@@ -268,6 +307,7 @@ class Repository:
             write,
             read,
             lease_margin=settings.lease_margin,
+            max_attempts=settings.max_attempts,
             backoff_base=settings.backoff_base,
             backoff_cap=settings.backoff_cap,
             backoff_jitter=settings.backoff_jitter,
@@ -311,6 +351,7 @@ class Repository:
             "ids": list(ids),
             "types": registry.types,
             "ceilings_s": registry.ceilings_seconds,
+            "max_attempts": registry.max_attempts(self.max_attempts),
             "margin_s": self.lease_margin.total_seconds(),
             "token": uuid.uuid4(),
         }
@@ -341,8 +382,22 @@ class Repository:
             raise LeaseLost(f"task {task_id}: dequeue refused, the lease is not ours", claimed)
         return claimed
 
-    def record_failure(self, task_id: int, token: uuid.UUID, error: str) -> Failure:
+    def record_failure(
+        self,
+        task_id: int,
+        token: uuid.UUID,
+        error: str,
+        *,
+        backoff_base: timedelta | None = None,
+        backoff_cap: timedelta | None = None,
+    ) -> Failure:
+        """Back off and keep the error. `backoff_base` / `backoff_cap`: the type's own,
+        else the worker's."""
         params = {"id": task_id, "token": token, "error": error[:8000], **self._backoff}
+        if backoff_base is not None:
+            params["base_s"] = backoff_base.total_seconds()
+        if backoff_cap is not None:
+            params["cap_s"] = backoff_cap.total_seconds()
         _, rows = self._write("record_failure", params)
         if not rows:
             raise LeaseLost(f"task {task_id}: failure refused, the lease is not ours")

@@ -359,13 +359,13 @@ class Slot:
             self.log.error("runner did not start within %ss", BOOT_TIMEOUT)
             return None
         try:
-            _, types, ceilings = handle.conn.recv()
+            _, types, ceilings, limits = handle.conn.recv()
         except (EOFError, OSError):
             status = handle.stop()
             self.log.error("runner failed to start: %s", proc.describe_status(status))
             return None
         if fresh_code:
-            self.claim_registry = _registry_view(types, ceilings)
+            self.claim_registry = _registry_view(types, ceilings, limits)
         return handle
 
     def _runner_died(self, result: Result, idle: bool = False) -> None:
@@ -546,6 +546,7 @@ class Slot:
                 logger=self.log,
                 then_claim=then,
                 cancelled_by=self.cancel_reason,
+                registry=self.claim_registry,
             ),
             claimed,
         )
@@ -571,13 +572,26 @@ def _ids(claimed: Claimed) -> dict[str, Any]:
     return {"task_id": claimed.id, "task_type": claimed.task_type, "attempt": claimed.attempt}
 
 
-def _registry_view(types: list[str], ceilings: list[float]) -> Registry:
-    """What the runner (possibly with new code) can run, for the claim's type list."""
+def _registry_view(
+    types: list[str], ceilings: list[float], limits: list[tuple[Any, ...]]
+) -> Registry:
+    """What the runner (possibly with new code) can run, with each type's ceiling and
+    limits: the claim's type list and the settlement's backoff."""
     from datetime import timedelta
 
+    def span(seconds: float | None) -> timedelta | None:
+        return None if seconds is None else timedelta(seconds=seconds)
+
     view = Registry()
-    for name, ceiling in zip(types, ceilings, strict=True):
-        view.register(name, _unreachable, ceiling=timedelta(seconds=ceiling))
+    for name, ceiling, (attempts, base, cap) in zip(types, ceilings, limits, strict=True):
+        view.register(
+            name,
+            _unreachable,
+            ceiling=timedelta(seconds=ceiling),
+            max_attempts=attempts,
+            backoff_base=span(base),
+            backoff_cap=span(cap),
+        )
     return view
 
 

@@ -70,9 +70,10 @@ WITH input AS (
     ) found
     WHERE i.key IS NOT NULL
 ), ins AS (
-    INSERT INTO slotd_tasks (id, task_type, payload, key, run_at, max_attempts)
+    INSERT INTO slotd_tasks (id, task_type, payload, key, run_at, max_attempts,
+                             max_attempts_explicit)
     SELECT i.new_id, i.task_type, i.payload, i.key,
-           now() + make_interval(secs => i.delay_s), %(max_attempts)s
+           now() + make_interval(secs => i.delay_s), %(max_attempts)s, %(explicit)s
     FROM input i
     WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = i.ord)
     ORDER BY i.ord
@@ -122,9 +123,14 @@ picked AS MATERIALIZED (
     SET lease_token = %(token)s::uuid,
         lease_expires_at = now() + c.ceiling + make_interval(secs => %(margin_s)s),
         attempt_count = t.attempt_count + 1,
-        last_attempted_at = now()
+        last_attempted_at = now(),
+        -- The claiming worker's threshold, unless the producer gave one: the dead
+        -- predicate, the gauges, `dead list` and retention then agree with this worker.
+        max_attempts = CASE WHEN t.max_attempts_explicit THEN t.max_attempts
+                            ELSE c0.max_attempts END
     FROM picked,
-         unnest(%(types)s::text[], %(ceilings_s)s::float8[]) AS c0(task_type, ceiling_s),
+         unnest(%(types)s::text[], %(ceilings_s)s::float8[], %(max_attempts)s::int[])
+             AS c0(task_type, ceiling_s, max_attempts),
          LATERAL (SELECT make_interval(secs => c0.ceiling_s) AS ceiling) c
     WHERE t.id = picked.id AND c0.task_type = t.task_type
     RETURNING t.id, t.task_type, t.payload, t.key, t.run_at, t.attempt_count, t.max_attempts,

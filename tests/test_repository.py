@@ -294,7 +294,7 @@ def test_dedupe_key_returns_live_row_and_ignores_dead_letters(
     )
     assert same_batch[0] == same_batch[1]
     conn.execute("DELETE FROM slotd_tasks WHERE key <> 'org:1'")
-    conn.execute("UPDATE slotd_tasks SET max_attempts = 1")
+    conn.execute("UPDATE slotd_tasks SET max_attempts = 1, max_attempts_explicit = true")
     claimed = claim_one(repo, reg)
     repo.record_failure(claimed.id, claimed.token, "dead now")
     fresh = slotd.enqueue(conn, "audit", {"org": 1}, key="org:1")
@@ -424,8 +424,56 @@ def test_dedupe_lookup_is_index_driven_on_a_large_table(
     slotd.enqueue_many(conn, [("audit", {}, None, f"org:{n}") for n in range(5000)])
     conn.execute("ANALYZE slotd_tasks")
     params = {"types": ["audit"], "payloads": ["{}"], "keys": ["org:7"], "delays": [0.0],
-              "max_attempts": 20}  # fmt: skip
+              "max_attempts": 20, "explicit": False}  # fmt: skip
     plan = "\n".join(
         r[0] for r in conn.execute("EXPLAIN " + statements()["enqueue"], params).fetchall()
     )
     assert "Seq Scan on slotd_tasks" not in plan, plan
+
+
+def test_keyed_enqueue_whose_rival_finished_between_its_statements_inserts_its_own(
+    db_url: str,
+) -> None:
+    import threading
+
+    rival = psycopg.connect(db_url)  # an uncommitted enqueue of the same key
+    rival_id = slotd.enqueue(rival, "audit", key="org:9")
+
+    class FinishedMeanwhile(psycopg.Cursor[Any]):
+        """Between the insert that met the rival and the look-up for it, the rival's
+        row is claimed, run and deleted by a worker: the window the bug lived in."""
+
+        def execute(self, query: Any, params: Any = None, **kw: Any) -> Any:
+            if query == statements()["live_by_key"]:
+                with psycopg.connect(db_url, autocommit=True) as worker:
+                    worker.execute("DELETE FROM slotd_tasks WHERE id = %s", (rival_id,))
+            return super().execute(query, params, **kw)
+
+    ours = psycopg.connect(db_url, cursor_factory=FinishedMeanwhile)
+    got: list[Any] = []
+
+    def produce() -> None:
+        try:
+            got.append(slotd.enqueue(ours, "audit", key="org:9"))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            got.append(exc)
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    with psycopg.connect(db_url, autocommit=True) as watch:
+        waiting = (
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+        from tests.daemon import wait_for
+
+        wait_for(lambda: watch.execute(waiting).fetchone() == (1,), what="the unique wait")
+        rival.commit()
+        thread.join(30)
+        ours.commit()
+        (task_id,) = got
+        assert isinstance(task_id, int) and task_id != rival_id
+        keyed = "SELECT id FROM slotd_tasks WHERE key = 'org:9'"
+        assert watch.execute(keyed).fetchall() == [(task_id,)]
+    rival.close()
+    ours.close()

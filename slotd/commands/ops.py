@@ -20,6 +20,7 @@ from slotd.config import Settings, format_duration, parse_duration
 from slotd.enqueue import enqueue as enqueue_task
 from slotd.errors import ConfigError, SlotdError
 from slotd.maintenance import prune
+from slotd.payload import encode
 from slotd.registry import validate_type_name
 from slotd.repository import Repository, paused_types
 
@@ -183,9 +184,19 @@ def status(ctx: click.Context, as_json: bool) -> None:
 @click.argument("payload", metavar="[PAYLOAD_JSON]", required=False)
 @click.option("--delay", help="Due after this long, like 30s, 10m, 1h30m.")
 @click.option("--key", help="Dedupe key: a live task with the same type and key wins.")
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(min=1),
+    help="Pin this task's dead-letter threshold (else the claiming worker's).",
+)
 @click.pass_context
 def enqueue(
-    ctx: click.Context, task_type: str, payload: str | None, delay: str | None, key: str | None
+    ctx: click.Context,
+    task_type: str,
+    payload: str | None,
+    delay: str | None,
+    key: str | None,
+    max_attempts: int | None,
 ) -> None:
     """Add one task and commit it; prints its id (or the live task's id with that key)."""
     name = _task_type(task_type) or task_type
@@ -202,11 +213,14 @@ def enqueue(
             json.dumps(body, allow_nan=False)
         except ValueError:
             raise ConfigError("bad payload: NaN and Infinity are not JSON") from None
+        try:
+            encode(body, "payload")  # nor a NUL character, which jsonb cannot store
+        except TypeError as exc:
+            raise ConfigError(f"bad {exc}") from None
     wait = _duration(delay, "--delay")
-    settings: Settings = ctx.obj
     with _repository(ctx, "enqueue") as repo, repo.write.transaction():
         task_id = enqueue_task(
-            repo.write, name, body, delay=wait, key=key, max_attempts=settings.max_attempts
+            repo.write, name, body, delay=wait, key=key, max_attempts=max_attempts
         )
     click.echo(str(task_id))
 

@@ -235,3 +235,24 @@ def popen_polite(task: slotd.Task, ctx: slotd.Context) -> None:
     while not ctx.cancelled:
         time.sleep(0.02)
     ctx.check()
+
+
+# Limits the worker owns.
+
+
+@registry.handler("rt.fail", ceiling=timedelta(seconds=30))
+def fail(task: slotd.Task, ctx: slotd.Context) -> None:
+    _record(task, "start")
+    raise RuntimeError(f"attempt {task.attempt} failed")
+
+
+@registry.handler(
+    "rt.fail_limited",
+    ceiling=timedelta(seconds=30),
+    max_attempts=2,
+    backoff_base=timedelta(milliseconds=10),
+    backoff_cap=timedelta(milliseconds=20),
+)
+def fail_limited(task: slotd.Task, ctx: slotd.Context) -> None:
+    _record(task, "start")
+    raise RuntimeError(f"attempt {task.attempt} failed")
