@@ -308,6 +308,7 @@ def test_paused_types_are_read_once_per_statement_not_once_per_row(
         "ids": ids,
         "types": ["report"],
         "ceilings_s": [60.0],
+        "max_attempts": [20],
         "margin_s": 30.0,
         "token": "00000000-0000-0000-0000-000000000001",
         "limit": 20,
