@@ -3,7 +3,8 @@ from asyncio, on psycopg or on a SQLAlchemy session (see slotd.targets)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -16,6 +17,32 @@ from slotd.targets import async_target, sync_target
 # everything else goes straight to the repository. It gets the psycopg connection or
 # cursor the rows were written on.
 _hook: Any = None
+_held: list[tuple[Any, list[int]]] | None = None
+
+
+def _announce(target: Any, ids: list[int]) -> None:
+    if _hook is None:
+        return
+    if _held is not None:
+        _held.append((target, ids))
+    else:
+        _hook(target, ids)
+
+
+@contextmanager
+def hooks_held() -> Iterator[None]:
+    """Hold the test modes' enqueue hook until the block ends without an error: for an
+    integration whose task needs rows it writes after the queue row (slotd.contrib.django's
+    result row), so eager mode runs the task only once they exist."""
+    global _held
+    outer, _held = _held, []
+    try:
+        yield
+        held = _held
+    finally:
+        _held = outer
+    for target, ids in held:
+        _announce(target, ids)
 
 
 def _attempts(max_attempts: int | None) -> dict[str, Any]:
@@ -37,8 +64,7 @@ def enqueue_many(
     psycopg driver (the rows join the session's transaction: its commit commits them)."""
     target = sync_target(conn, "slotd.enqueue_many")
     ids = repository.enqueue_many(target, items, **_attempts(max_attempts))
-    if _hook is not None:
-        _hook(target, ids)
+    _announce(target, ids)
     return ids
 
 
@@ -64,8 +90,7 @@ async def enqueue_many_async(
     AsyncSession or AsyncConnection on the psycopg driver. Same statement, same rules."""
     target = await async_target(conn, "slotd.enqueue_many_async")
     ids = await repository.enqueue_many_async(target, items, **_attempts(max_attempts))
-    if _hook is not None:
-        _hook(target, ids)
+    _announce(target, ids)
     return ids
 
 

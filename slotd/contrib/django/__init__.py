@@ -13,15 +13,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from slotd.contrib.django.backend import SlotdBackend
+    from slotd.contrib.django.backend import SlotdBackend, task_options
 
-__all__ = ["SlotdBackend"]
+__all__ = ["SlotdBackend", "task_options"]
 
 
 def __getattr__(name: str) -> Any:
     # Lazy, so INSTALLED_APPS can name this package before Django's app registry is ready.
-    if name == "SlotdBackend":
-        from slotd.contrib.django.backend import SlotdBackend
+    if name in __all__:
+        from slotd.contrib.django import backend
 
-        return SlotdBackend
+        return getattr(backend, name)
     raise AttributeError(name)

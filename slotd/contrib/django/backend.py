@@ -6,7 +6,7 @@ TASKS = {
         "QUEUES": ["default", "emails"],
         "OPTIONS": {
             "CEILING": "10m",            # per-attempt deadline, the lease derives from it
-            "MAX_ATTEMPTS": 20,          # then the task is a dead letter, its result FAILED
+            "MAX_ATTEMPTS": 3,           # then the task is a dead letter, its result FAILED
             "QUEUE_OPTIONS": {"emails": {"CEILING": "1m", "MAX_ATTEMPTS": 5}},
             "DATABASE": "default",       # the Django database alias holding slotd's tables
             "RESULT_RETENTION": "7d",    # finished results older than this are pruned
@@ -19,12 +19,17 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
+from django.apps import apps
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, transaction
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
@@ -34,15 +39,49 @@ from django.utils import timezone
 from django.utils.json import normalize_json
 
 import slotd
-from slotd import repository
+from slotd import db, repository
 from slotd.config import parse_duration
 from slotd.contrib.django import results
+from slotd.enqueue import hooks_held
 from slotd.errors import ConfigError
 from slotd.registry import TYPE_NAME
 
 TYPE_PREFIX = "django."
 DEFAULT_CEILING = timedelta(minutes=10)
 DEFAULT_RETENTION = timedelta(days=7)
+# A task that raises is retried twice (after ~15 s and ~30 s) and then FAILED. Django's own
+# backends never retry and django-tasks-db marks a raised task FAILED at once; slotd keeps
+# a little of its durability (a crashed worker or a transient error is retried) without
+# leaving a failing task READY for hours. MAX_ATTEMPTS: 1 gives Django's own semantics.
+DEFAULT_MAX_ATTEMPTS = 3
+_OPTIONS_ATTR = "slotd_options"
+
+
+def task_options(*, max_attempts: int | None = None) -> Callable[[Any], Any]:
+    """Per-task slotd options, beside (below or above) Django's ``@task``::
+
+        @task(queue_name="emails")
+        @task_options(max_attempts=5)
+        def send_receipt(order_id): ...
+
+    ``max_attempts`` wins over the queue's MAX_ATTEMPTS. The ceiling is the queue's (it is
+    the lease of the queue's task type): give a long task a queue of its own."""
+    if max_attempts is not None and (
+        not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
+    ):
+        raise ValueError(f"task_options(max_attempts={max_attempts!r}): a whole number >= 1")
+
+    def mark(target: Any) -> Any:
+        func = target.func if isinstance(target, Task) else target
+        setattr(func, _OPTIONS_ATTR, {"max_attempts": max_attempts})
+        return target
+
+    return mark
+
+
+def _task_max_attempts(task: Task) -> int | None:
+    options: dict[str, Any] = getattr(task.func, _OPTIONS_ATTR, {})
+    return options.get("max_attempts")
 
 
 @dataclass(frozen=True)
@@ -52,7 +91,7 @@ class QueueConfig:
     name: str
     task_type: str
     ceiling: timedelta
-    max_attempts: int | None
+    max_attempts: int
 
 
 def task_type_for(queue_name: str) -> str:
@@ -90,8 +129,8 @@ class SlotdBackend(BaseTaskBackend):
             ceiling = parse_duration(own.get("CEILING", DEFAULT_CEILING), name="CEILING")
             if ceiling <= timedelta(0):
                 raise ConfigError(f"queue {name!r}: CEILING must be positive")
-            attempts = own.get("MAX_ATTEMPTS")
-            if attempts is not None and (not isinstance(attempts, int) or attempts < 1):
+            attempts = own.get("MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS)
+            if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
                 raise ConfigError(f"queue {name!r}: MAX_ATTEMPTS must be a whole number >= 1")
             configs.append(QueueConfig(name, task_type_for(name), ceiling, attempts))
         return configs
@@ -113,6 +152,12 @@ class SlotdBackend(BaseTaskBackend):
         def error(msg: str, hint: str | None = None) -> None:
             errors.append(checks.Error(msg, hint=hint, obj=f"TASKS[{self.alias!r}]"))
 
+        if not apps.is_installed("slotd.contrib.django"):
+            error(
+                "slotd.contrib.django is not in INSTALLED_APPS: its migration creates the "
+                "queue's tables (without it, enqueue fails: relation slotd_tasks does not exist)",
+                hint='Add "slotd.contrib.django" to INSTALLED_APPS and run manage.py migrate.',
+            )
         if not self.queues:
             error(
                 "QUEUES must list the queues: the slotd worker registers one task type each.",
@@ -165,9 +210,16 @@ class SlotdBackend(BaseTaskBackend):
             "kwargs": kwargs,
             "takes_context": task.takes_context,
         }
-        with transaction.atomic(using=self.database), results.cursor(self.database) as cur:
+        attempts = _task_max_attempts(task) or config.max_attempts
+        with (
+            transaction.atomic(using=self.database),
+            results.cursor(self.database) as cur,
+            # Eager mode (slotd.testing) runs the task once its result row exists too.
+            hooks_held(),
+            _schema_hint(self.database),
+        ):
             task_id = slotd.enqueue(
-                cur, config.task_type, payload, delay=delay, max_attempts=config.max_attempts
+                cur, config.task_type, payload, delay=delay, max_attempts=attempts
             )
             if run_after is not None:
                 repository.execute(cur, "django_defer", {"id": task_id, "run_at": run_after})
@@ -208,6 +260,17 @@ class SlotdBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> TaskResult:
         return results.get(self.database, result_id)
+
+
+@contextmanager
+def _schema_hint(alias: str) -> Iterator[None]:
+    try:
+        yield
+    except psycopg.errors.UndefinedTable as exc:
+        raise ImproperlyConfigured(
+            f"slotd's tables are missing from database {alias!r} ({db.first_line(exc)}): add "
+            '"slotd.contrib.django" to INSTALLED_APPS and run manage.py migrate'
+        ) from exc
 
 
 def _aware(value: datetime | None) -> datetime | None:

@@ -141,12 +141,45 @@ def get(using: str, result_id: str) -> TaskResult:
     return build(dict(zip(names, row, strict=True)))
 
 
-def build(row: dict[str, Any]) -> TaskResult:
-    task = import_string(row["task_path"])
+class ReturnValueNotJSON(TypeError):
+    """A task returned a value JSON cannot carry; its result is FAILED, not retried (the
+    task's side effects have happened)."""
+
+
+def _unimportable(path: str, error: BaseException) -> Task:
+    """A stand-in Task for a path that no longer imports (a typo, a renamed or removed
+    task, code not yet deployed on this host): get_result() still reads the record, and
+    calling it raises the ImportError, which the worker records at once."""
+    module, _, name = path.rpartition(".")
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        raise error
+
+    call.__module__, call.__name__, call.__qualname__ = module, name, name
+    call.slotd_import_error = error  # type: ignore[attr-defined]
+    return Task(func=call)
+
+
+def import_error(task: Task) -> BaseException | None:
+    """The ImportError behind a stand-in from _unimportable, else None."""
+    return getattr(task.func, "slotd_import_error", None)
+
+
+def load_task(path: str) -> Task:
+    try:
+        task = import_string(path)
+    except ImportError as exc:  # import_string turns a missing attribute into one too
+        error = ImportError(f"task {path} cannot be imported: {exc}")
+        error.__cause__ = exc
+        return _unimportable(path, error)
     if not isinstance(task, Task):
-        raise ValueError(f"{row['task_path']!r} is no longer a django.tasks Task")
+        return _unimportable(path, ImportError(f"{path!r} is no longer a django.tasks Task"))
+    return task
+
+
+def build(row: dict[str, Any]) -> TaskResult:
     task = dataclasses.replace(
-        task,
+        load_task(row["task_path"]),
         backend=row["backend"],
         queue_name=row["queue_name"],
         priority=row["priority"],

@@ -103,7 +103,6 @@ def run_django_task(task: slotd.Task, ctx: slotd.Context) -> None:
 def _deliver(backend: Any, result_id: str) -> None:
     from django.tasks import TaskContext
     from django.tasks.signals import task_finished, task_started
-    from django.utils.json import normalize_json
 
     from slotd.contrib.django import results
 
@@ -116,16 +115,15 @@ def _deliver(backend: Any, result_id: str) -> None:
     snapshot = results.get(db, result_id)
     sender = type(backend)
     task_started.send(sender=sender, task_result=snapshot)
+    django_task = snapshot.task
     try:
-        django_task = snapshot.task
         if django_task.takes_context:
             value = django_task.call(
                 TaskContext(task_result=snapshot), *snapshot.args, **snapshot.kwargs
             )
         else:
             value = django_task.call(*snapshot.args, **snapshot.kwargs)
-        value = normalize_json(value)
-        json.dumps(value, allow_nan=False)
+        value = _json_return(value, django_task.module_path)
     except BaseException as exc:
         prior = results.fail(db, result_id, exc)
         # Sent inside the except block, as Django's own backend does: receivers (its
@@ -133,9 +131,32 @@ def _deliver(backend: Any, result_id: str) -> None:
         task_finished.send(sender=sender, task_result=results.get(db, result_id))
         if prior == results.SUCCESSFUL:
             return  # a failed re-run of a finished task: recorded, not retried
+        if exc is results.import_error(django_task) or isinstance(exc, results.ReturnValueNotJSON):
+            # Another attempt would fail the same way (or repeat side effects that have
+            # happened): FAILED now, and the queue row is done with.
+            log.error("django task %s: %s; FAILED, not retried", django_task.module_path, exc)
+            return
         raise
     results.succeed(db, result_id, value)
     task_finished.send(sender=sender, task_result=results.get(db, result_id))
+
+
+def _json_return(value: Any, path: str) -> Any:
+    from django.utils.json import normalize_json
+
+    from slotd.contrib.django.results import ReturnValueNotJSON
+
+    try:
+        normalized = normalize_json(value)
+        json.dumps(normalized, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        shown = repr(value)
+        shown = shown if len(shown) <= 200 else shown[:200] + "..."
+        raise ReturnValueNotJSON(
+            f"task {path} returned {shown} ({type(value).__name__}), which is not JSON: "
+            f"return JSON-serializable data (str, int, float, bool, None, list, dict) ({exc})"
+        ) from exc
+    return normalized
 
 
 def _recycle_connections() -> None:

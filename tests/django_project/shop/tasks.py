@@ -8,6 +8,8 @@ from django.db.models import F
 from django.tasks import TaskContext, task
 from django_project.shop.models import Call, Order
 
+from slotd.contrib.django import task_options
+
 
 @task
 def confirm_order(number: str) -> int:
@@ -63,3 +65,18 @@ def succeed_then_fail(number: str) -> str:
     if Call.objects.filter(task="succeed_then_fail", arg=number).count() > 1:
         raise RuntimeError("second run")
     return "first"
+
+
+@task
+def returns_datetime() -> Any:
+    Call.objects.create(task="returns_datetime")
+    from datetime import datetime
+
+    return datetime(2026, 12, 1, 9, 0)
+
+
+@task
+@task_options(max_attempts=7)
+def seven_tries() -> None:
+    Call.objects.create(task="seven_tries")
+    raise RuntimeError("again")
