@@ -67,6 +67,9 @@ class Registry:
 
     def __init__(self) -> None:
         self._handlers: dict[str, Handler] = {}
+        # Where the application's tasks live, when it knows better than the environment
+        # (slotd.contrib.django: the DATABASES entry its backend writes to).
+        self.database_url: str | None = None
 
     def register(
         self,

@@ -12,7 +12,7 @@ import psycopg
 from slotd import db, logs, repository
 from slotd.config import Settings
 from slotd.errors import ConfigError
-from slotd.registry import load_registry
+from slotd.registry import Registry, load_registry
 
 log = logging.getLogger("slotd.run")
 
@@ -30,6 +30,7 @@ def run(ctx: click.Context, app: str | None, slots: int | None, metrics_addr: st
         raise ConfigError("no application: pass --app MODULE:ATTR or set SLOTD_APP")
     sys.path.insert(0, os.getcwd())
     registry = load_registry(app)
+    settings = _database_from_app(settings, registry)
     from slotd.faults import Injector
 
     faults = Injector.from_settings(settings)  # refuses unless SLOTD_ALLOW_FAULTS=1
@@ -44,6 +45,33 @@ def run(ctx: click.Context, app: str | None, slots: int | None, metrics_addr: st
 
     code = Supervisor(app, registry, settings, write_url, read_url, faults).run()
     sys.exit(code)
+
+
+def _database_from_app(settings: Settings, registry: Registry) -> Settings:
+    """The application's own database (Django's DATABASES) unless SLOTD_DATABASE_URL (or
+    DATABASE_URL) is set; set and naming another database, it wins with a warning, so the
+    worker never drains one database silently while the tasks wait in another."""
+    own = registry.database_url
+    if not own:
+        return settings
+    if not settings.database_url:
+        return settings.with_(database_url=own)
+    if _where(settings.database_url) != _where(own):
+        log.warning(
+            "SLOTD_DATABASE_URL (%s) names another database than the application's (%s); "
+            "draining SLOTD_DATABASE_URL",
+            db.redact(settings.database_url),
+            db.redact(own),
+        )
+    return settings
+
+
+def _where(url: str) -> tuple[str | None, ...]:
+    try:
+        parts = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return (url,)
+    return tuple(str(parts.get(k) or "") or None for k in ("host", "port", "dbname"))
 
 
 def _check_schema(url: str) -> None:

@@ -25,9 +25,9 @@ def test_slotd_run_executes_django_tasks(django_db_url: str) -> None:
     if not (TESTS.parent / "slotd" / "supervisor.py").exists():
         pytest.skip("slotd run is not available in this checkout")
     summed, doubled, failed = add.enqueue(20, 22), async_double.enqueue(4), explode.enqueue("x")
+    # No SLOTD_DATABASE_URL: the worker takes Django's DATABASES entry.
     env = {
-        **os.environ,
-        "SLOTD_DATABASE_URL": django_db_url,
+        **{k: v for k, v in os.environ.items() if k not in ("SLOTD_DATABASE_URL", "DATABASE_URL")},
         "DJANGO_SETTINGS_MODULE": "django_project.settings",
         "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
         "SLOTD_BACKOFF_BASE": "1s",

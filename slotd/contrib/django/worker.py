@@ -37,7 +37,27 @@ def registry() -> Registry:
     import django
 
     django.setup()
-    return build_registry()
+    reg = build_registry()
+    # The database Django enqueues into is the one to drain: `slotd run` uses it unless
+    # SLOTD_DATABASE_URL says otherwise (and then warns if the two differ).
+    from slotd.contrib.django import database
+
+    reg.database_url = database.conninfo(database_alias(slotd_backends()))
+    return reg
+
+
+def database_alias(backends: list[Any]) -> str:
+    """The one DATABASES alias the slotd backends write to; one worker drains one database."""
+    aliases = sorted({backend.database for backend in backends})
+    if len(aliases) > 1:
+        from slotd.contrib.django import database
+
+        if len({database.conninfo(alias) for alias in aliases}) > 1:
+            raise ConfigError(
+                f"the slotd TASKS backends write to databases {aliases}; one worker drains "
+                "one database: give them the same OPTIONS DATABASE"
+            )
+    return aliases[0]
 
 
 def build_registry() -> Registry:
@@ -47,7 +67,7 @@ def build_registry() -> Registry:
 
     reg = Registry()
     ceilings: dict[str, timedelta] = {}
-    for backend in _slotd_backends():
+    for backend in slotd_backends():
         assert isinstance(backend, SlotdBackend)
         for config in backend.queue_configs():
             known = ceilings.get(config.task_type)
@@ -64,7 +84,7 @@ def build_registry() -> Registry:
     return reg
 
 
-def _slotd_backends() -> list[Any]:
+def slotd_backends() -> list[Any]:
     from django.conf import settings
     from django.tasks import task_backends
 

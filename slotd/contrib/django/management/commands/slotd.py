@@ -1,0 +1,68 @@
+"""`manage.py slotd run | status | prune_results`: slotd's worker and tools on the database
+Django's TASKS backend writes to (its DATABASE alias in DATABASES), with nothing else to
+configure."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from slotd.errors import ConfigError
+
+APP = "slotd.contrib.django.worker:registry"
+
+
+class Command(BaseCommand):
+    help = (
+        "slotd on the database in DATABASES. run [--slots N ...]: the worker (the options of "
+        "`slotd run`); status [--json]: pending / running / dead per queue; prune_results: "
+        "delete finished task results older than RESULT_RETENTION now."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("action", choices=["run", "status", "prune_results"])
+        parser.add_argument("slotd_args", nargs=argparse.REMAINDER, help="passed on to slotd")
+
+    def handle(self, *_: Any, action: str, slotd_args: list[str], **options: Any) -> None:
+        args = slotd_args
+        from slotd.contrib.django import database, worker
+
+        try:
+            backends = worker.slotd_backends()
+            if not backends:
+                raise ConfigError("no TASKS backend is slotd.contrib.django.SlotdBackend")
+            if action == "prune_results":
+                self._prune(backends, args)
+                return
+            alias = worker.database_alias(backends)
+            missing = database.unapplied_migrations(alias)
+            if missing:
+                raise ConfigError(
+                    f"slotd's migrations {missing} are not applied to database {alias!r}: "
+                    "run manage.py migrate"
+                )
+            url = database.conninfo(alias)
+        except ConfigError as exc:
+            raise CommandError(str(exc), returncode=2) from None
+        # An explicit SLOTD_DATABASE_URL still wins (a pooler in front, say); `slotd run`
+        # warns when it names another database than DATABASES does.
+        os.environ.setdefault("SLOTD_DATABASE_URL", url)
+        from slotd.cli import main
+
+        argv = ["run", "--app", APP, *args] if action == "run" else [action, *args]
+        main.main(args=argv, prog_name="manage.py slotd")
+
+    def _prune(self, backends: list[Any], args: list[str]) -> None:
+        from slotd.contrib.django import results
+
+        if args:
+            raise ConfigError(f"prune_results takes no arguments; got {args}")
+        for backend in backends:
+            pruned = results.prune(backend.database, backend.result_retention)
+            self.stdout.write(
+                f"pruned {pruned} task results of TASKS[{backend.alias!r}] older than "
+                f"{backend.result_retention}"
+            )
