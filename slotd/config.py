@@ -146,6 +146,7 @@ class Settings:
     # SLOTD_KILL_GRACE as given; None derives it from the margin (see `kill_grace`).
     kill_grace_setting: timedelta | None = None
     statement_timeout: timedelta = timedelta(seconds=30)
+    heartbeat_interval: timedelta = timedelta(seconds=30)  # `slotd status` calls 1 min silent gone
     lock_timeout: timedelta = timedelta(seconds=5)
     synchronous_commit: bool = True  # off: the queue's own writes only, see sql/queries.sql
     discovery_batch: int = 20
@@ -175,6 +176,7 @@ class Settings:
                 _duration("SLOTD_KILL_GRACE", "5s") if _env("SLOTD_KILL_GRACE") else None
             ),
             statement_timeout=_duration("SLOTD_STATEMENT_TIMEOUT", "30s"),
+            heartbeat_interval=_duration("SLOTD_HEARTBEAT_INTERVAL", "30s"),
             lock_timeout=_duration("SLOTD_LOCK_TIMEOUT", "5s"),
             synchronous_commit=_on_off("SLOTD_SYNCHRONOUS_COMMIT", True),
             metrics_addr=_env("SLOTD_METRICS_ADDR") or "127.0.0.1:9464",
@@ -216,6 +218,8 @@ class Settings:
             )
         if self.backoff_cap < self.backoff_base:
             raise ConfigError("SLOTD_BACKOFF_CAP must not be shorter than SLOTD_BACKOFF_BASE")
+        if not timedelta(0) < self.heartbeat_interval < timedelta(minutes=1):
+            raise ConfigError("SLOTD_HEARTBEAT_INTERVAL must be between 0 and 1m")
         if self.poll_interval.total_seconds() <= 0:
             raise ConfigError("SLOTD_POLL_INTERVAL must be positive")
         return self

@@ -504,7 +504,7 @@ class Repository:
     def elect_chore(self, chore: str, period: timedelta) -> bool:
         """True on the one replica that runs `chore` this period (e.g. hourly retention)."""
         params = {"chore": chore, "period_s": period.total_seconds() * 0.95}
-        return self.write.execute(_sql("elect_chore"), params).fetchone() is not None
+        return bool(self._write("elect_chore", params)[1])
 
     def heartbeat(
         self, replica_id: str, hostname: str, pid: int, slots: int, task_types: list[str]
@@ -516,10 +516,11 @@ class Repository:
             "slots": slots,
             "task_types": task_types,
         }
-        self.write.execute(_sql("replica_heartbeat"), params)
+        # Bounded like every queue write: a heartbeat stuck behind a lock must end.
+        self._write("replica_heartbeat", params)
 
     def replica_gone(self, replica_id: str) -> None:
-        self.write.execute(_sql("replica_gone"), {"replica_id": replica_id})
+        self._write("replica_gone", {"replica_id": replica_id})
 
     def replicas(self) -> list[dict[str, Any]]:
         cur = self.write.execute(_sql("replicas"))

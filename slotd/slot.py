@@ -81,6 +81,7 @@ class Slot:
         self.settings = spec.settings
         self.claim_registry = spec.registry
         self.stopping = False
+        self.orphaned = False  # the supervisor is gone: nothing more to report
         self.hurry = False
         self.reload = False
         self.fresh_code = False
@@ -128,7 +129,11 @@ class Slot:
         self._report("ready")
 
     def _on_term(self, signum: int, frame: Any) -> None:
-        if self.stopping:
+        # A second SIGTERM from a living supervisor cuts the grace short. The parent-death
+        # signal can come twice (the kernel sends it again each time a multi-threaded
+        # parent's dying threads hand us on), and is never a hurry: an orphaned slot still
+        # gets the whole grace to release its lease.
+        if self.stopping and os.getppid() == self.spec.parent:
             self.hurry = True
         self.stopping = True
 
@@ -136,7 +141,15 @@ class Slot:
         self.reload = True
 
     def _report(self, *message: Any) -> None:
-        self.sup.send(message)
+        """Tell the supervisor; if it is gone, carry on to the end of the task in hand (its
+        settlement is ours to write) and stop: nobody hands out tokens any more."""
+        if self.orphaned:
+            return
+        try:
+            self.sup.send(message)
+        except OSError:  # BrokenPipeError, ConnectionResetError: the supervisor died
+            self.orphaned = True
+            self.stopping = True
 
     def _loop(self) -> None:
         awake = False

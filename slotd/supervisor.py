@@ -1,9 +1,11 @@
 """The supervisor: holds the LISTEN connection and the shared ticker, hands wake tokens to
 one idle slot at a time, forks and reaps slots, and leads shutdown and reload.
 
-One loop, one `wait` over the LISTEN socket, the signal self-pipe, the slots' pipes and the
-slots' exit descriptors, with the next timer as its timeout. Signal handlers only record.
-It never runs handler code and never uses a connection in a child it forked."""
+One loop, one `wait` over the LISTEN socket, the signal self-pipe, the slots' pipes, the
+slots' exit descriptors and the chores pipe, with the next timer as its timeout. Signal
+handlers only record. The loop never waits on the database: every statement it needs is a
+job for the chores thread (slotd/chores.py), whose results come back on a pipe. It never
+runs handler code and never uses a connection in a child it forked."""
 
 from __future__ import annotations
 
@@ -21,18 +23,19 @@ from typing import Any
 import psycopg
 
 from slotd import db, maintenance, proc, repository, sdnotify
+from slotd.chores import Chores, Done
 from slotd.config import Settings
 from slotd.outcome import CRASHED, SHUTDOWN
 from slotd.processor import Result, settle
 from slotd.registry import Registry
-from slotd.repository import Claimed, Repository
+from slotd.repository import Claimed
 from slotd.slot import SlotSpec, run_slot
 from slotd.wake import Tokens
 
 log = logging.getLogger("slotd.supervisor")
 
-HEARTBEAT_EVERY = 30.0
 CHORES_EVERY = 600.0
+GOODBYE_TIMEOUT = 10.0  # at exit: the last settlements and the replica's goodbye
 SLOT_BACKOFF_CAP = 30.0
 # How long a cancel of a lease no slot here has reported is remembered: its claim may have
 # committed (before the cancel) with the slot's "claimed" message still in the pipe.
@@ -76,13 +79,12 @@ class Supervisor:
         self.listen_conn: psycopg.Connection[Any] | None = None
         self.listen_retry_at = 0.0
         self.listen_backoff = 0.5
-        self.chores: Repository | None = None
+        self.chores: Chores | None = None
         self.stopping = False
         self.stop_deadline: float | None = None
         self.signals: list[int] = []
         self.reload_queue: list[int] = []
         self.announced_ready = False
-        self.notified = False  # set by notifications psycopg reads during our own statements
         self.cancels: dict[str, tuple[float, int, str]] = {}  # token -> (forget at, id, by)
         self.loop_seen = time.monotonic()
         self.metrics: Any = None
@@ -97,6 +99,7 @@ class Supervisor:
         self.selfpipe = proc.SelfPipe()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, self._on_signal)
+        self.chores = Chores(self.settings, self.write_url)
         self._start_metrics()
         for number in range(self.settings.slots):
             self._spawn(number)
@@ -111,14 +114,14 @@ class Supervisor:
             self._handle_signals()
             if not self.stopping:
                 self._respawn_due(now)
-                if self.listen_conn is None and now >= self.listen_retry_at:
+                if self._listen_due(now):
                     self._listen()
                 if now >= next_tick:
                     self.tokens.offer(remember=False)
                     next_tick = now + self.settings.poll_interval.total_seconds()
                 if now >= next_heartbeat:
                     self._heartbeat()
-                    next_heartbeat = now + HEARTBEAT_EVERY
+                    next_heartbeat = now + self.settings.heartbeat_interval.total_seconds()
                 if now >= next_chores:
                     self._chores()
                     next_chores = now + CHORES_EVERY
@@ -128,7 +131,7 @@ class Supervisor:
                 sdnotify.notify("WATCHDOG=1")
                 next_watchdog = now + watchdog_every
             timers = [next_tick, next_heartbeat, *self.respawn_at.values()]
-            if self.listen_conn is None and not self.stopping:
+            if self._listen_due(float("inf")) and not self.stopping:
                 timers.append(self.listen_retry_at)
             if self.stop_deadline is not None:
                 timers.append(self.stop_deadline)
@@ -218,6 +221,8 @@ class Supervisor:
             handle.conn.close()
             handle.watch.close()
         self.selfpipe.close()
+        if self.chores is not None:
+            self.chores.close_in_child()
         if self.server is not None:
             try:
                 os.close(self.server.fileno())
@@ -228,6 +233,8 @@ class Supervisor:
 
     def _watched(self) -> list[Any]:
         watched: list[Any] = [self.selfpipe]
+        if self.chores is not None:
+            watched.append(self.chores)
         if self.listen_conn is not None:
             watched.append(self.listen_conn.pgconn.socket)
         for handle in self.slots.values():
@@ -239,6 +246,9 @@ class Supervisor:
     def _dispatch(self, ready: list[Any]) -> None:
         if self.selfpipe in ready:
             self.selfpipe.drain()
+        if self.chores is not None and self.chores in ready:
+            for done in self.chores.finished():
+                self._chore_done(done)
         if self.listen_conn is not None and self.listen_conn.pgconn.socket in ready:
             self._notifications()
         for handle in list(self.slots.values()):
@@ -340,18 +350,18 @@ class Supervisor:
 
     def _settle_orphan(self, lease: Claimed) -> None:
         """A slot died holding a lease it had reported: settle it now, fenced, rather than
-        leaving the row to wait out ceiling + margin."""
-        kind = SHUTDOWN if self.stopping else CRASHED
-        try:
-            repo = self._chores_repo()
-            settled = settle(
-                repo, lease, Result(kind, "its slot died"), shutting_down=self.stopping
-            )
-            if self.metrics is not None:
-                self.metrics.record_outcome(lease.task_type, str(settled.outcome), None, None)
-        except psycopg.Error as exc:
-            log.error("could not settle task %s of a dead slot: %s", lease.id, db.first_line(exc))
-            self.chores = None
+        leaving the row to wait out ceiling + margin (on the chores thread: the database
+        may be the reason the slot died)."""
+        assert self.chores is not None
+        chores, stopping = self.chores, self.stopping
+        kind = SHUTDOWN if stopping else CRASHED
+
+        def job() -> tuple[Claimed, str]:
+            result = Result(kind, "its slot died")
+            settled = settle(chores.repo(), lease, result, shutting_down=stopping, logger=log)
+            return lease, str(settled.outcome)
+
+        chores.post("settle_orphan", job)
 
     def _kill_remaining(self) -> None:
         for handle in list(self.slots.values()):
@@ -378,32 +388,66 @@ class Supervisor:
 
     # the database
 
+    def _listen_due(self, now: float) -> bool:
+        assert self.chores is not None
+        return (
+            self.listen_conn is None
+            and not self.chores.pending["listen"]
+            and now >= self.listen_retry_at
+        )
+
     def _listen(self) -> None:
-        try:
-            conn = db.connect(self.write_url, role="slotd listen")
-            repository.listen(conn)
-            repository.listen_control(conn)
-        except psycopg.OperationalError as exc:
+        """Open the LISTEN connection on the chores thread; `_listening` takes it over."""
+        url = self.write_url
+
+        def job() -> psycopg.Connection[Any]:
+            conn = db.connect(url, role="slotd listen")
+            try:
+                repository.listen(conn)
+                repository.listen_control(conn)
+            except BaseException:
+                conn.close()
+                raise
+            return conn
+
+        assert self.chores is not None
+        self.chores.post("listen", job)
+
+    def _listening(self, done: Done) -> None:
+        if done.error is not None:
             log.warning(
                 "database unreachable, retrying in %.1fs: %s",
                 self.listen_backoff,
-                db.first_line(exc),
+                db.first_line(done.error),
             )
             self.listen_retry_at = time.monotonic() + self.listen_backoff
             self.listen_backoff = min(self.listen_backoff * 2, 30.0)
             return
-        conn.add_notify_handler(self._on_notify)
-        self.listen_conn = conn
+        if self.stopping:
+            done.value.close()
+            return
+        # From here on only this loop uses the connection, and only without blocking: its
+        # socket is watched and read with consume_input. Its keepalives (db.connect) notice
+        # a peer that died silently.
+        self.listen_conn = done.value
         self.listen_backoff = 0.5
         # Notifications sent while we were deaf are lost: look once now, not at the next tick.
         self.tokens.offer()
         self._maybe_ready()
 
-    def _on_notify(self, notify: psycopg.Notify) -> None:
-        if notify.channel == repository.CONTROL_CHANNEL:
-            self._control(notify.payload)
-        else:
-            self.notified = True
+    def _chore_done(self, done: Done) -> None:
+        if done.name == "listen":
+            self._listening(done)
+        elif done.name == "settle_orphan":
+            if done.error is not None:
+                log.error("could not settle the task of a dead slot: %s", db.first_line(done.error))
+            elif self.metrics is not None:
+                lease, outcome = done.value
+                self.metrics.record_outcome(lease.task_type, outcome, None, None)
+        elif done.error is not None and done.name == "heartbeat":
+            log.warning("heartbeat failed: %s", db.first_line(done.error))
+        elif done.error is not None and done.name == "retention":
+            log.warning("retention cleanup failed: %s", db.first_line(done.error))
 
     def _notifications(self) -> None:
         conn = self.listen_conn
@@ -495,42 +539,28 @@ class Supervisor:
         self.listen_conn = None
         self.listen_retry_at = time.monotonic() + 0.2
 
-    def _chores_repo(self) -> Repository:
-        if self.chores is None:
-            conn = db.connect(self.write_url, role="slotd chores")
-            self.chores = Repository.from_settings(self.settings, conn)
-        return self.chores
-
     def _heartbeat(self) -> None:
-        """Announce this replica, on the LISTEN connection: the write doubles as the proof
-        that this connection is alive (its socket can die silently), so an idle replica
-        costs the primary one statement per heartbeat besides its discoveries."""
-        if self.listen_conn is not None:
-            woken_before = self.notified
-            try:
-                Repository(self.listen_conn).heartbeat(
-                    self.replica_id,
-                    socket.gethostname(),
-                    os.getpid(),
-                    self.settings.slots,
-                    self.registry.types,
-                )
-            except psycopg.OperationalError as exc:
-                self._lost_listen(exc)
-            except psycopg.Error as exc:
-                log.warning("heartbeat failed: %s", db.first_line(exc))
-            if self.notified and not woken_before:
-                # A notification that arrived during the heartbeat was read by it.
-                self.notified = False
-                self.tokens.offer()
+        """Announce this replica (one statement per heartbeat besides its discoveries), on
+        the chores thread; one at a time, so a stalled database is not sent a pile of them."""
+        assert self.chores is not None
+        chores = self.chores
+        if not chores.pending["heartbeat"]:
+            replica = (self.replica_id, socket.gethostname(), os.getpid())
+            slots, types = self.settings.slots, self.registry.types
+
+            def job() -> None:
+                chores.repo().heartbeat(*replica, slots, types)
+
+            chores.post("heartbeat", job)
         sdnotify.notify(f"STATUS=serving: {len(self.slots)} slots, {self._in_flight()} in flight")
 
     def _chores(self) -> None:
-        try:
-            maintenance.hourly_cleanup(self._chores_repo(), self.settings.retention, log)
-        except psycopg.Error as exc:
-            log.warning("retention cleanup failed: %s", db.first_line(exc))
-            self.chores = None
+        assert self.chores is not None
+        chores, retention = self.chores, self.settings.retention
+        if not chores.pending["retention"]:
+            chores.post(
+                "retention", lambda: maintenance.hourly_cleanup(chores.repo(), retention, log)
+            )
 
     # metrics and the end
 
@@ -571,18 +601,18 @@ class Supervisor:
         return True, "listening"
 
     def _finish(self) -> None:
-        repo = Repository(self.listen_conn) if self.listen_conn is not None else self.chores
-        try:
-            if repo is not None:
-                repo.replica_gone(self.replica_id)
-        except psycopg.Error:
-            pass
-        for conn in (self.listen_conn, self.chores.write if self.chores else None):
-            if conn is not None:
-                try:
-                    conn.close()
-                except Exception:  # noqa: BLE001
-                    pass
+        if self.listen_conn is not None:
+            try:
+                self.listen_conn.close()
+            except Exception:  # noqa: BLE001
+                pass
+        if self.chores is not None:
+            chores, replica_id = self.chores, self.replica_id
+            chores.post("replica_gone", lambda: chores.repo().replica_gone(replica_id))
+            # The dead slots' last settlements are queued before the goodbye; a database
+            # that does not answer gets a bounded wait, then the leases expire on their own.
+            if not chores.stop(GOODBYE_TIMEOUT):
+                log.warning("the database did not answer the goodbye within %ss", GOODBYE_TIMEOUT)
         if self.server is not None:
             self.server.close()
         log.info("stopped")

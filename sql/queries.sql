@@ -278,7 +278,8 @@ SET seen_at = now(), slots = excluded.slots, task_types = excluded.task_types
 DELETE FROM slotd_replicas WHERE replica_id = %(replica_id)s
 
 -- name: replicas
--- A replica heartbeats every poll interval; one silent for a minute is gone, and is
+-- A replica heartbeats every SLOTD_HEARTBEAT_INTERVAL (30 s, always under a minute); one
+-- silent for a minute is gone, and is
 -- pruned here so the table never accumulates crashed replicas.
 WITH pruned AS (
     DELETE FROM slotd_replicas WHERE seen_at < now() - interval '10 minutes'
