@@ -13,11 +13,14 @@
  AND {unpaused})
 
 -- predicate: unpaused
--- Not of a paused type. An uncorrelated sub-select is planned as an InitPlan, run once per
--- statement: with nothing paused, a discovery or a claim pays one look at an empty table,
--- not one per candidate row. Every reader of {claimable} inherits it, so the oldest-due
+-- Not of a paused type. NOT IN over an uncorrelated sub-select is a hashed SubPlan: the
+-- table is read once per statement and each row then costs one hash probe, so with nothing
+-- paused a discovery or a claim pays one look at an empty table. The form matters: with
+-- `<> ALL (ARRAY(...))` the planner guessed one matching row and sorted every due row
+-- instead of walking the due index to its LIMIT (550 ms a discovery at a million due rows,
+-- tests/bench/control_cost.py). Every reader of {claimable} inherits it, so the oldest-due
 -- gauge (and with it the starvation alert) ignores paused work too.
-(t.task_type <> ALL (ARRAY(SELECT p.task_type FROM slotd_paused_types p WHERE {pause_active})))
+(t.task_type NOT IN (SELECT p.task_type FROM slotd_paused_types p WHERE {pause_active}))
 
 -- predicate: pause_active
 (p.until IS NULL OR p.until > now())

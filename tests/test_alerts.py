@@ -418,6 +418,31 @@ def test_pending_type_handled_by_one_replica_only_is_fine(tmp_path: Path) -> Non
     )
 
 
+def test_pending_type_with_no_handler_is_quiet_while_paused(tmp_path: Path) -> None:
+    # An operator paused the type (its handler was retired): no ticket until it is resumed.
+    assert_promtool_passes(
+        tmp_path,
+        case(
+            [
+                *fleet("slotd_tasks_pending", "3x60", task_type="legacy_export"),
+                *fleet("slotd_task_type_paused", "1x30 0x30", task_type="legacy_export"),
+                *fleet("slotd_replica_handlers", "1x60", 2, task_type="report"),
+            ],
+            expect("SlotdTaskTypeUnhandled", "25m"),
+            expect("SlotdTaskTypeUnhandled", "40m"),
+            expect(
+                "SlotdTaskTypeUnhandled",
+                "50m",
+                fired(
+                    "slotd: 3 legacy_export task(s) pending with no handler anywhere",
+                    severity="ticket",
+                    task_type="legacy_export",
+                ),
+            ),
+        ),
+    )
+
+
 # --- slot restart loop ------------------------------------------------------------------------
 
 

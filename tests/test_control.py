@@ -297,13 +297,22 @@ def test_resume_wakes_the_replicas(db_url: str, conn: psycopg.Connection[Any]) -
     assert note.channel == "slotd_wake"
 
 
-@pytest.mark.parametrize("name", ["claim", "discover"])
-def test_paused_types_are_read_once_per_statement_not_once_per_row(
-    conn: psycopg.Connection[Any], name: str
+@pytest.mark.parametrize("paused", [False, True])
+@pytest.mark.parametrize("name", ["claim", "discover", "gauges"])
+def test_pause_check_is_built_once_per_statement_and_keeps_the_due_index_walk(
+    conn: psycopg.Connection[Any], name: str, paused: bool
 ) -> None:
-    # What makes a pause free on the claim path: the look at slotd_paused_types is an
-    # InitPlan (once per statement), never a SubPlan (once per candidate row).
-    ids = slotd.enqueue_many(conn, [("report", {}) for _ in range(50)])
+    # What makes a pause free on the claim path: slotd_paused_types is read once per
+    # statement (a hashed SubPlan, one probe per row), and discovery and the oldest-due gauge
+    # still walk the due index to their LIMIT instead of sorting every due row.
+    conn.execute(
+        "INSERT INTO slotd_tasks (task_type, run_at) "
+        "SELECT 'report', now() - interval '1 hour' FROM generate_series(1, 20000)"
+    )
+    if paused:
+        slotd.pause(conn, "audit")
+    conn.execute("ANALYZE slotd_tasks")
+    ids = [r[0] for r in conn.execute("SELECT id FROM slotd_tasks ORDER BY id LIMIT 40")]
     params = {
         "ids": ids,
         "types": ["report"],
@@ -316,11 +325,25 @@ def test_paused_types_are_read_once_per_statement_not_once_per_row(
     with conn.transaction(force_rollback=True):  # EXPLAIN ANALYZE really claims
         plan = conn.execute(
             "EXPLAIN (ANALYZE, FORMAT JSON) " + statements()[name],  # type: ignore[operator]
-            params,
+            params if name != "gauges" else None,
         ).fetchone()[0]  # type: ignore[index]
-    text = json.dumps(plan)
-    assert '"Subplan Name": "InitPlan' in text, text
-    assert '"Subplan Name": "SubPlan' not in text, text
+    nodes = list(_nodes(plan[0]["Plan"]))
+    pause_looks = [n for n in nodes if n.get("Relation Name") == "slotd_paused_types"]
+    assert pause_looks and all(n["Actual Loops"] == 1 for n in pause_looks), pause_looks
+    if name in ("discover", "gauges"):
+        assert not any(n["Node Type"] == "Sort" for n in nodes), [n["Node Type"] for n in nodes]
+        walked = sum(
+            n.get("Actual Rows", 0) * n.get("Actual Loops", 1)
+            for n in nodes
+            if n.get("Relation Name") == "slotd_tasks" and n.get("Index Name") == "slotd_tasks_due"
+        )
+        assert 0 < walked <= 20, walked  # the LIMIT's worth of the index, not 20,000 rows
+
+
+def _nodes(node: dict[str, Any]) -> Any:
+    yield node
+    for child in node.get("Plans", []):
+        yield from _nodes(child)
 
 
 def test_bad_input_is_refused_before_any_write(conn: psycopg.Connection[Any]) -> None:
