@@ -1,5 +1,9 @@
 """The closed set of ways one attempt can end, as metrics and logs name them."""
 
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime
 from enum import StrEnum
 
 
@@ -20,3 +24,26 @@ ERROR = "error"
 SHUTDOWN = "shutdown"  # raised Cancelled, or still running when the shutdown grace ran out
 KILLED = "killed"  # ended by the watchdog after the deadline and the kill grace
 CRASHED = "crashed"  # the runner died under the handler
+
+
+class MinuteTally:
+    """Outcomes counted by (minute, task type, outcome) between two flushes: the
+    supervisor's contribution to the dashboard's last-hour chart (slotd_outcomes)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.counts: Counter[tuple[datetime, str, str]] = Counter()
+
+    def add(self, task_type: str, outcome: str) -> None:
+        minute = datetime.fromtimestamp(self.clock() // 60 * 60, tz=UTC)
+        self.counts[(minute, task_type, outcome)] += 1
+
+    def drain(self) -> list[tuple[datetime, str, str, int]]:
+        rows = [(*key, n) for key, n in self.counts.items()]
+        self.counts.clear()
+        return rows
+
+    def restore(self, rows: list[tuple[datetime, str, str, int]]) -> None:
+        """A flush that failed: keep its counts for the next one."""
+        for minute, task_type, outcome, n in rows:
+            self.counts[(minute, task_type, outcome)] += n

@@ -446,14 +446,22 @@ class Repository:
         return out
 
     def dead_list(
-        self, task_type: str | None = None, ids: Sequence[int] | None = None, limit: int = 100
+        self,
+        task_type: str | None = None,
+        ids: Sequence[int] | None = None,
+        limit: int = 100,
+        key: str | None = None,
+        key_types: Sequence[str] = (),
     ) -> list[dict[str, Any]]:
-        cur = self.read.execute(
-            _sql("dead_list"),
-            {"task_type": task_type, "ids": list(ids) if ids else None, "limit": limit},
-        )
-        names = [col.name for col in cur.description or []]
-        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        """Newest first; `key` is searched among `key_types` (or `task_type`)."""
+        params = {
+            "task_type": task_type,
+            "ids": list(ids) if ids else None,
+            "limit": limit,
+            "key": key,
+            "key_types": [task_type] if task_type else list(key_types),
+        }
+        return _dicts(self.read.execute(_sql("dead_list"), params))
 
     def dead_count(
         self,
@@ -507,25 +515,39 @@ class Repository:
         return bool(self._write("elect_chore", params)[1])
 
     def heartbeat(
-        self, replica_id: str, hostname: str, pid: int, slots: int, task_types: list[str]
+        self,
+        replica_id: str,
+        hostname: str,
+        pid: int,
+        slots: int,
+        task_types: list[str],
+        leases: Mapping[int, int] | None = None,
     ) -> None:
+        """`leases`: task id -> the slot number holding it, for the dashboard."""
         params = {
             "replica_id": replica_id,
             "hostname": hostname,
             "pid": pid,
             "slots": slots,
             "task_types": task_types,
+            "leases": json.dumps({str(k): v for k, v in (leases or {}).items()}),
         }
         # Bounded like every queue write: a heartbeat stuck behind a lock must end.
         self._write("replica_heartbeat", params)
+
+    def record_outcomes(self, rows: Sequence[tuple[datetime, str, str, int]]) -> None:
+        """Add (minute, type, outcome, count) rows to the dashboard's last-hour record."""
+        if not rows:
+            return
+        minutes, types, outcomes, counts = (list(col) for col in zip(*rows, strict=True))
+        params = {"minutes": minutes, "types": types, "outcomes": outcomes, "counts": counts}
+        self.write.execute(_sql("record_outcomes"), params)
 
     def replica_gone(self, replica_id: str) -> None:
         self._write("replica_gone", {"replica_id": replica_id})
 
     def replicas(self) -> list[dict[str, Any]]:
-        cur = self.write.execute(_sql("replicas"))
-        names = [col.name for col in cur.description or []]
-        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        return _dicts(self.write.execute(_sql("replicas")))
 
     # test modes only
 
@@ -552,6 +574,66 @@ class Repository:
         are absent)."""
         rows = self.read.execute(_sql("oldest_due_by_type")).fetchall()
         return {task_type: float(seconds) for task_type, seconds in rows}
+
+
+class DashboardReads:
+    """The web dashboard's statements (slotd.web), on one connection. Every one is bounded
+    by a cap or a limit; the counts use the gauges' predicates."""
+
+    COUNT_CAP = 10_000
+    OPTIONAL_TABLES = ("slotd_schedules", "slotd_paused")
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    @staticmethod
+    def prepare(conn: psycopg.Connection[Any], statement_timeout: timedelta) -> None:
+        """Once per pooled connection: no dashboard statement runs longer than this."""
+        conn.execute(_sql("dash_read_timeout"), {"statement_timeout": _interval(statement_timeout)})
+
+    def replicas(self) -> list[dict[str, Any]]:
+        return Repository(self.conn).replicas()
+
+    def dead_list(
+        self, task_type: str | None, *, limit: int, **search: Any
+    ) -> list[dict[str, Any]]:
+        return Repository(self.conn).dead_list(task_type, limit=limit, **search)
+
+    def types(self, limit: int = 500) -> list[str]:
+        return [row[0] for row in self.conn.execute(_sql("dash_types"), {"limit": limit})]
+
+    def counts(self, types: Sequence[str]) -> list[dict[str, Any]]:
+        params = {"types": list(types), "cap": self.COUNT_CAP}
+        return _dicts(self.conn.execute(_sql("dash_counts"), params))
+
+    def outcomes(self) -> list[dict[str, Any]]:
+        return _dicts(self.conn.execute(_sql("dash_outcomes")))
+
+    def running(self, lease_margin: timedelta, limit: int = 200) -> list[dict[str, Any]]:
+        params = {"margin_s": lease_margin.total_seconds(), "limit": limit}
+        return _dicts(self.conn.execute(_sql("dash_running"), params))
+
+    def task(self, task_id: int) -> dict[str, Any] | None:
+        rows = _dicts(self.conn.execute(_sql("dash_task"), {"id": task_id}))
+        return rows[0] if rows else None
+
+    def dead_count(self, task_type: str | None) -> int:
+        params = {"task_type": task_type, "cap": self.COUNT_CAP}
+        return int(self.conn.execute(_sql("dash_dead_count"), params).fetchone()[0])  # type: ignore[index]
+
+    def tables(self) -> set[str]:
+        cur = self.conn.execute(_sql("dash_tables"), {"names": list(self.OPTIONAL_TABLES)})
+        return {row[0] for row in cur}
+
+    def rows_of(self, table: str, limit: int = 200) -> list[dict[str, Any]]:
+        """An optional capability's table, whatever its columns (only OPTIONAL_TABLES)."""
+        name = {"slotd_schedules": "dash_schedules", "slotd_paused": "dash_paused"}[table]
+        return [row[0] for row in self.conn.execute(_sql(name), {"limit": limit})]
+
+
+def _dicts(cur: Any) -> list[dict[str, Any]]:
+    names = [col.name for col in cur.description or []]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
 def execute(target: Executor, name: str, params: Mapping[str, Any] | None = None) -> Any:

@@ -25,7 +25,7 @@ import psycopg
 from slotd import db, maintenance, proc, repository, sdnotify
 from slotd.chores import Chores, Done
 from slotd.config import Settings
-from slotd.outcome import CRASHED, SHUTDOWN
+from slotd.outcome import CRASHED, SHUTDOWN, MinuteTally
 from slotd.processor import Result, settle
 from slotd.registry import Registry
 from slotd.repository import Claimed
@@ -91,6 +91,8 @@ class Supervisor:
         self.server: Any = None
         # As pid 1 (a container's command) every orphan in the namespace is ours to reap.
         self.reaps_orphans = os.getpid() == 1
+        self.tally = MinuteTally()  # the dashboard's outcome chart, flushed per heartbeat
+        self.unflushed: list[Any] = []  # what the heartbeat in flight carries
 
     # public
 
@@ -281,6 +283,7 @@ class Supervisor:
                 handle.runner_pid = runner_pid or handle.runner_pid
                 if self.metrics is not None:
                     self.metrics.record_outcome(task_type, outcome, duration, delay)
+                self.tally.add(task_type, outcome)
                 if handle.lease is not None:
                     self._cancel_if_asked(handle)
                     self.tokens.offer(remember=False)  # the cascade, as for any claim
@@ -441,11 +444,14 @@ class Supervisor:
         elif done.name == "settle_orphan":
             if done.error is not None:
                 log.error("could not settle the task of a dead slot: %s", db.first_line(done.error))
-            elif self.metrics is not None:
+            else:
                 lease, outcome = done.value
-                self.metrics.record_outcome(lease.task_type, outcome, None, None)
+                self.tally.add(lease.task_type, outcome)
+                if self.metrics is not None:
+                    self.metrics.record_outcome(lease.task_type, outcome, None, None)
         elif done.error is not None and done.name == "heartbeat":
             log.warning("heartbeat failed: %s", db.first_line(done.error))
+            self.tally.restore(self.unflushed)  # the chart catches up at the next heartbeat
         elif done.error is not None and done.name == "retention":
             log.warning("retention cleanup failed: %s", db.first_line(done.error))
 
@@ -541,15 +547,21 @@ class Supervisor:
 
     def _heartbeat(self) -> None:
         """Announce this replica (one statement per heartbeat besides its discoveries), on
-        the chores thread; one at a time, so a stalled database is not sent a pile of them."""
+        the chores thread; one at a time, so a stalled database is not sent a pile of them.
+        The same job adds the outcomes counted since the last one to slotd_outcomes (the
+        dashboard's chart) and says which slot holds which lease."""
         assert self.chores is not None
         chores = self.chores
         if not chores.pending["heartbeat"]:
             replica = (self.replica_id, socket.gethostname(), os.getpid())
             slots, types = self.settings.slots, self.registry.types
+            leases = {h.lease.id: n for n, h in self.slots.items() if h.lease is not None}
+            self.unflushed = rows = self.tally.drain()
 
             def job() -> None:
-                chores.repo().heartbeat(*replica, slots, types)
+                repo = chores.repo()
+                repo.heartbeat(*replica, slots, types, leases)
+                repo.record_outcomes(rows)
 
             chores.post("heartbeat", job)
         sdnotify.notify(f"STATUS=serving: {len(self.slots)} slots, {self._in_flight()} in flight")

@@ -39,6 +39,18 @@
 -- ever ran has no attempt). Retention and the listing measure from here.
 coalesce(t.cancelled_at, t.last_attempted_at)
 
+-- predicate: retryable
+-- Pending work: below the attempt threshold (due or not, leased or not). The gauges, the
+-- status command and the dashboard count it by this one definition.
+(t.attempt_count < t.max_attempts)
+
+-- predicate: final_running
+-- On its final attempt under a live lease: still pending until it settles.
+(t.lease_token IS NOT NULL AND t.attempt_count >= t.max_attempts AND {lease_live})
+
+-- predicate: running
+(t.lease_token IS NOT NULL AND {lease_live})
+
 -- name: bound
 -- SET LOCAL semantics, so the bound holds behind a transaction-mode pooler too.
 SELECT set_config('statement_timeout', %(statement_timeout)s, true),
@@ -208,15 +220,14 @@ LEFT JOIN LATERAL (SELECT pg_notify('slotd_wake', '')) n ON r.retryable
 -- name: gauges
 -- One round trip for every fleet gauge; each branch is driven by its own partial index.
 SELECT 'pending' AS kind, t.task_type, count(*)::float8 AS value
-FROM slotd_tasks t WHERE t.attempt_count < t.max_attempts GROUP BY t.task_type
+FROM slotd_tasks t WHERE {retryable} GROUP BY t.task_type
 UNION ALL
 SELECT 'pending', t.task_type, count(*)
-FROM slotd_tasks t
-WHERE t.lease_token IS NOT NULL AND t.attempt_count >= t.max_attempts AND {lease_live}
+FROM slotd_tasks t WHERE {final_running}
 GROUP BY t.task_type
 UNION ALL
 SELECT 'running', t.task_type, count(*)
-FROM slotd_tasks t WHERE t.lease_token IS NOT NULL AND {lease_live}
+FROM slotd_tasks t WHERE {running}
 GROUP BY t.task_type
 UNION ALL
 SELECT 'dead', t.task_type, count(*)
@@ -234,6 +245,8 @@ SELECT t.id, t.task_type, t.key, t.payload, t.attempt_count, t.last_error,
 FROM slotd_tasks t
 WHERE {dead} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
   AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
+  -- A key is looked up through slotd_tasks_key, hence the type list it is searched in.
+  AND (%(key)s::text IS NULL OR (t.key = %(key)s AND t.task_type = ANY(%(key_types)s::text[])))
 ORDER BY {retired_at} DESC NULLS LAST, t.id DESC
 LIMIT %(limit)s
 
@@ -272,10 +285,11 @@ WHERE {dead} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
        OR {retired_at} < now() - make_interval(secs => %(older_than_s)s))
 
 -- name: replica_heartbeat
-INSERT INTO slotd_replicas AS r (replica_id, hostname, pid, slots, task_types)
-VALUES (%(replica_id)s, %(hostname)s, %(pid)s, %(slots)s, %(task_types)s)
+INSERT INTO slotd_replicas AS r (replica_id, hostname, pid, slots, task_types, leases)
+VALUES (%(replica_id)s, %(hostname)s, %(pid)s, %(slots)s, %(task_types)s, %(leases)s::jsonb)
 ON CONFLICT (replica_id) DO UPDATE
-SET seen_at = now(), slots = excluded.slots, task_types = excluded.task_types
+SET seen_at = now(), slots = excluded.slots, task_types = excluded.task_types,
+    leases = excluded.leases
 
 -- name: replica_gone
 DELETE FROM slotd_replicas WHERE replica_id = %(replica_id)s
@@ -287,7 +301,7 @@ DELETE FROM slotd_replicas WHERE replica_id = %(replica_id)s
 WITH pruned AS (
     DELETE FROM slotd_replicas WHERE seen_at < now() - interval '10 minutes'
 )
-SELECT replica_id, hostname, pid, slots, task_types,
+SELECT replica_id, hostname, pid, slots, task_types, leases,
        extract(epoch FROM now() - seen_at)::float8 AS seen_ago_s
 FROM slotd_replicas
 WHERE seen_at >= now() - interval '1 minute'
@@ -477,3 +491,127 @@ SELECT p.task_type, p.paused_at, p.until, p.paused_by,
 FROM slotd_paused_types p
 WHERE {pause_active}
 ORDER BY p.task_type
+
+-- Dashboard reads (slotd.web). Each is bounded: counts stop at a cap, lists at a limit, so
+-- a page costs the same on a million dead letters as on ten.
+
+-- name: dash_types
+-- Every type with rows or a replica serving it: a loose index scan (one index probe per
+-- type) over the per-type live index and the dead-letter index, never a read of the rows.
+WITH RECURSIVE live AS (
+    (SELECT t.task_type, 1 AS n FROM slotd_tasks t WHERE {retryable}
+     ORDER BY t.task_type LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.task_type FROM slotd_tasks t
+            WHERE {retryable} AND t.task_type > l.task_type
+            ORDER BY t.task_type LIMIT 1), l.n + 1
+    FROM live l WHERE l.task_type IS NOT NULL AND l.n < %(limit)s
+), exhausted AS (
+    (SELECT t.task_type, 1 AS n FROM slotd_tasks t WHERE t.attempt_count >= t.max_attempts
+     ORDER BY t.task_type LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.task_type FROM slotd_tasks t
+            WHERE t.attempt_count >= t.max_attempts AND t.task_type > e.task_type
+            ORDER BY t.task_type LIMIT 1), e.n + 1
+    FROM exhausted e WHERE e.task_type IS NOT NULL AND e.n < %(limit)s
+)
+SELECT DISTINCT x.task_type FROM (
+    SELECT task_type FROM live
+    UNION ALL SELECT task_type FROM exhausted
+    UNION ALL SELECT unnest(r.task_types) FROM slotd_replicas r
+    WHERE r.seen_at >= now() - interval '1 minute'
+) x
+WHERE x.task_type IS NOT NULL
+ORDER BY x.task_type
+LIMIT %(limit)s
+
+-- name: dash_counts
+-- Per type: the gauges' pending / running / dead (the same predicates), each count
+-- stopping at the cap, and the oldest due from the per-type index.
+SELECT ty.task_type,
+       (SELECT count(*) FROM (SELECT 1 FROM slotd_tasks t
+                              WHERE t.task_type = ty.task_type AND {retryable}
+                              LIMIT %(cap)s) c)
+       + (SELECT count(*) FROM slotd_tasks t
+          WHERE t.task_type = ty.task_type AND {final_running}) AS pending,
+       (SELECT count(*) FROM (SELECT 1 FROM slotd_tasks t
+                              WHERE t.task_type = ty.task_type AND {running}
+                              LIMIT %(cap)s) c) AS running,
+       (SELECT count(*) FROM (SELECT 1 FROM slotd_tasks t
+                              WHERE t.task_type = ty.task_type AND {dead}
+                              LIMIT %(cap)s) c) AS dead,
+       (SELECT extract(epoch FROM now() - t.run_at)::float8 FROM slotd_tasks t
+        WHERE t.task_type = ty.task_type AND {claimable}
+        ORDER BY t.run_at LIMIT 1) AS oldest_due_s
+FROM unnest(%(types)s::text[]) AS ty(task_type)
+ORDER BY ty.task_type
+
+-- name: dash_outcomes
+-- The last hour of attempts by minute and outcome (slotd_outcomes: at most 120 minutes).
+SELECT o.minute, o.outcome, sum(o.count)::bigint AS count
+FROM slotd_outcomes o
+WHERE o.minute >= date_trunc('minute', now()) - interval '59 minutes'
+GROUP BY o.minute, o.outcome
+ORDER BY o.minute, o.outcome
+
+-- name: record_outcomes
+-- A supervisor's tally since its last heartbeat; minutes older than two hours go in the
+-- same statement (the primary key leads with the minute, so the prune is an index range).
+WITH pruned AS (
+    DELETE FROM slotd_outcomes WHERE minute < now() - interval '2 hours'
+)
+INSERT INTO slotd_outcomes AS o (minute, task_type, outcome, count)
+SELECT * FROM unnest(%(minutes)s::timestamptz[], %(types)s::text[], %(outcomes)s::text[],
+                     %(counts)s::bigint[])
+ON CONFLICT (minute, task_type, outcome) DO UPDATE SET count = o.count + excluded.count
+
+-- name: dash_running
+-- Every row under a lease (a live one, or one whose holder vanished and which the next
+-- claim will take over), with its deadline and, once its replica has heartbeated since the
+-- claim, the replica and slot holding it.
+SELECT t.id, t.task_type, t.key, t.attempt_count, t.max_attempts,
+       t.last_attempted_at AS started_at, t.lease_expires_at,
+       t.lease_expires_at - make_interval(secs => %(margin_s)s) AS deadline,
+       {lease_live} AS lease_live, now() AS db_now,
+       h.hostname, h.pid, h.slot
+FROM slotd_tasks t
+LEFT JOIN LATERAL (
+    SELECT r.hostname, r.pid, (r.leases ->> t.id::text)::int AS slot
+    FROM slotd_replicas r WHERE r.leases ? t.id::text
+    ORDER BY r.seen_at DESC LIMIT 1
+) h ON true
+WHERE t.lease_token IS NOT NULL
+ORDER BY t.lease_expires_at, t.id
+LIMIT %(limit)s
+
+-- name: dash_task
+SELECT t.id, t.task_type, t.key, t.payload, t.run_at, t.attempt_count, t.max_attempts,
+       t.lease_token IS NOT NULL AS leased, t.lease_expires_at, t.last_error,
+       t.last_attempted_at, t.created_at, now() AS db_now,
+       {dead} AS dead, {running} AS running, {claimable} AS due
+FROM slotd_tasks t
+WHERE t.id = %(id)s
+
+-- name: dash_dead_count
+-- How many dead letters match, up to the cap: the page says "10000+" past it.
+SELECT count(*) FROM (
+    SELECT 1 FROM slotd_tasks t
+    WHERE {dead} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
+    LIMIT %(cap)s
+) c
+
+-- name: dash_tables
+-- Which optional tables (schedules, pauses) this database has: the dashboard shows the
+-- capabilities that have landed without knowing their release.
+SELECT n FROM unnest(%(names)s::text[]) AS n WHERE to_regclass(n) IS NOT NULL
+
+-- name: dash_read_timeout
+-- A dashboard session's statements never run long, whatever a page asks.
+SELECT set_config('statement_timeout', %(statement_timeout)s, false)
+
+-- name: dash_schedules
+-- Whatever columns the schedules table has (read only once dash_tables found it).
+SELECT to_jsonb(s) FROM slotd_schedules s ORDER BY 1 LIMIT %(limit)s
+
+-- name: dash_paused
+SELECT to_jsonb(p) FROM slotd_paused p ORDER BY 1 LIMIT %(limit)s

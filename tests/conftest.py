@@ -16,6 +16,26 @@ from slotd.testing import ThrowawayPostgres, throwaway_postgres
 from tests.daemon import EXECUTIONS, Daemon
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--browser", action="store_true", help="also run the headless-Chromium dashboard tests"
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "browser: headless Chromium tests (run with --browser)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A group of its own (tests/browser/run.sh, from .ci/run): a browser, and minutes.
+    if config.getoption("--browser"):
+        return
+    skip = pytest.mark.skip(reason="browser tests run with --browser (tests/browser/run.sh)")
+    for item in items:
+        if "browser" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def scratch_pg() -> Iterator[ThrowawayPostgres]:
     with throwaway_postgres() as pg:

@@ -1,0 +1,187 @@
+"""What each page shows, read through the repository's dashboard statements. Plain data
+in, plain data out: the templates only lay it out."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from slotd.outcome import Outcome
+from slotd.repository import DashboardReads
+
+CHART_MINUTES = 60
+CHART_HEIGHT = 80
+# One colour per outcome, readable on white; the legend repeats the names.
+OUTCOME_COLOURS = {
+    Outcome.SUCCESS: "#2e7d32",
+    Outcome.CONTINUED: "#81c784",
+    Outcome.FAILURE: "#c62828",
+    Outcome.TIMEOUT: "#ef6c00",
+    Outcome.CANCELLED: "#757575",
+    Outcome.LOST: "#6a1b9a",
+    Outcome.CRASHED: "#ad1457",
+}
+
+
+def overview(reads: DashboardReads) -> dict[str, Any]:
+    types = reads.types()
+    counts = reads.counts(types)
+    replicas = reads.replicas()
+    served = {t for r in replicas for t in r["task_types"]}
+    tables = reads.tables()
+    paused = _paused_types(reads) if "slotd_paused" in tables else None
+    rows = []
+    for row in counts:
+        has_work = row["pending"] or row["running"]
+        rows.append(
+            {
+                **row,
+                "capped": {k: row[k] >= reads.COUNT_CAP for k in ("pending", "running", "dead")},
+                "unserved": bool(has_work) and row["task_type"] not in served,
+                "paused": None if paused is None else paused.get(row["task_type"]),
+            }
+        )
+    return {
+        "types": rows,
+        "cap": reads.COUNT_CAP,
+        "replicas": replicas,
+        "slots": sum(r["slots"] for r in replicas),
+        "chart": chart(reads.outcomes()),
+        "paused_known": paused is not None,
+    }
+
+
+def _paused_types(reads: DashboardReads) -> dict[str, str]:
+    out = {}
+    for row in reads.rows_of("slotd_paused"):
+        if "task_type" in row:
+            until = row.get("until") or row.get("paused_until")
+            out[row["task_type"]] = f"until {until}" if until else "paused"
+    return out
+
+
+def chart(rows: list[dict[str, Any]], now: datetime | None = None) -> dict[str, Any]:
+    """A stacked bar per minute of the last hour, as SVG rectangles (no chart library for
+    sixty bars)."""
+    now = now or datetime.now(UTC)
+    end = now.replace(second=0, microsecond=0)
+    start = end - timedelta(minutes=CHART_MINUTES - 1)
+    per_minute: dict[int, dict[str, int]] = {}
+    totals: dict[str, int] = {}
+    for row in rows:
+        index = int((row["minute"] - start).total_seconds() // 60)
+        if 0 <= index < CHART_MINUTES:
+            bucket = per_minute.setdefault(index, {})
+            bucket[row["outcome"]] = bucket.get(row["outcome"], 0) + int(row["count"])
+            totals[row["outcome"]] = totals.get(row["outcome"], 0) + int(row["count"])
+    peak = max((sum(b.values()) for b in per_minute.values()), default=0)
+    bars = []
+    for index, bucket in sorted(per_minute.items()):
+        y = CHART_HEIGHT
+        for outcome in OUTCOME_COLOURS:
+            n = bucket.get(outcome, 0)
+            if not n:
+                continue
+            height = max(CHART_HEIGHT * n / peak, 1.0)
+            y -= height
+            minute = (start + timedelta(minutes=index)).strftime("%H:%M")
+            bars.append(
+                {
+                    "x": index * 10,
+                    "y": round(y, 2),
+                    "height": round(height, 2),
+                    "colour": OUTCOME_COLOURS[outcome],
+                    "title": f"{minute} {outcome}: {n}",
+                }
+            )
+    legend = [
+        {"outcome": str(o), "colour": c, "count": totals.get(o, 0)}
+        for o, c in OUTCOME_COLOURS.items()
+    ]
+    return {
+        "bars": bars,
+        "legend": legend,
+        "peak": peak,
+        "height": CHART_HEIGHT,
+        "width": CHART_MINUTES * 10,
+        "total": sum(totals.values()),
+    }
+
+
+def running(reads: DashboardReads, lease_margin: timedelta) -> list[dict[str, Any]]:
+    rows = reads.running(lease_margin)
+    for row in rows:
+        now = row["db_now"]
+        row["remaining_s"] = (row["deadline"] - now).total_seconds()
+        row["overdue"] = row["remaining_s"] < 0
+        row["deadline_ms"] = int(row["deadline"].timestamp() * 1000)
+        row["now_ms"] = int(now.timestamp() * 1000)
+    return rows
+
+
+def task(reads: DashboardReads, task_id: int) -> dict[str, Any] | None:
+    row = reads.task(task_id)
+    if row is None:
+        return None
+    row["payload_text"] = json.dumps(row["payload"], indent=2, sort_keys=True)
+    row["state"] = (
+        "dead"
+        if row["dead"]
+        else "running"
+        if row["running"]
+        else "due"
+        if row["due"]
+        else "waiting"
+    )
+    return row
+
+
+def last_line(text: str | None, width: int = 160) -> str:
+    if not text or not text.strip():
+        return ""
+    line = text.strip().splitlines()[-1]
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def dead(
+    reads: DashboardReads, task_type: str | None, query: str | None, limit: int = 100
+) -> dict[str, Any]:
+    types = reads.types()
+    ids: list[int] | None = None
+    key = None
+    if query:
+        query = query.strip()
+        if query.isdigit():
+            ids = [int(query)]
+        else:
+            key = query
+    rows = reads.dead_list(task_type, ids=ids, key=key, key_types=types, limit=limit)
+    if ids and not rows:
+        # "123" may be a key too: an id that names no dead letter is searched as one.
+        rows = reads.dead_list(task_type, key=query, key_types=types, limit=limit)
+    for row in rows:
+        row["error_line"] = last_line(row["last_error"])
+    total = len(rows) if query else reads.dead_count(task_type)
+    return {
+        "rows": rows,
+        "types": types,
+        "total": total,
+        "capped": total >= reads.COUNT_CAP,
+        "limit": limit,
+    }
+
+
+def schedules(reads: DashboardReads) -> dict[str, Any]:
+    tables = reads.tables()
+    out: dict[str, Any] = {}
+    for name, label in (("slotd_schedules", "schedules"), ("slotd_paused", "paused")):
+        if name in tables:
+            rows = reads.rows_of(name)
+            columns: list[str] = []
+            for row in rows:
+                columns += [c for c in row if c not in columns]
+            out[label] = {"rows": rows, "columns": columns}
+        else:
+            out[label] = None
+    return out

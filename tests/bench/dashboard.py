@@ -1,0 +1,188 @@
+"""The dashboard's pages on a 1,000,000-row queue: load time over HTTP, and every statement
+each page runs with its time and plan.
+
+    python tests/bench/dashboard.py [--rows 1000000] [--runs 10] [--append]
+
+The table is gauges_cost.py's long-lived mix (60% dead letters, 33% in the future, the rest
+due, a hundred leased, 12 skewed types), VACUUMed. Pages are fetched from a real `slotd
+dashboard` (uvicorn, HTTP on loopback); the statements are counted and timed in-process
+through the same page functions. --append adds the figures to tests/bench/RESULTS.md."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from slotd.localpg import LocalPostgres  # noqa: E402
+from slotd.repository import DashboardReads, migrate, statements  # noqa: E402
+from slotd.web import pages  # noqa: E402
+from tests.bench.gauges_cost import build  # noqa: E402
+
+PAGES = ["/", "/running", "/dead", "/dead?type=type_3", "/dead?q=KEY", "/tasks/ID", "/schedules"]
+
+
+class Counting:
+    """A connection that records each statement it runs, by its name in sql/."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self.names = {sql: name for name, sql in statements().items()}
+        self.log: list[tuple[str, float, str, Any]] = []
+
+    def execute(self, sql: Any, params: Any = None) -> Any:
+        started = time.perf_counter()
+        cur = self.conn.execute(sql, params)
+        elapsed = (time.perf_counter() - started) * 1000
+        self.log.append((self.names.get(sql, "?"), elapsed, sql, params))
+        return cur
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+
+def page_call(path: str) -> Any:
+    route, _, query = path.partition("?")
+    if route == "/":
+        return pages.overview
+    if route == "/running":
+        return lambda r: pages.running(r, timedelta(seconds=30))
+    if route.startswith("/tasks/"):
+        return lambda r: pages.task(r, int(route.rsplit("/", 1)[1]))
+    if route == "/dead":
+        arg = dict(p.split("=", 1) for p in query.split("&")) if query else {}
+        return lambda r: pages.dead(r, arg.get("type"), arg.get("q"))
+    return pages.schedules
+
+
+def percentile(samples: list[float], p: float) -> float:
+    samples = sorted(samples)
+    return samples[min(len(samples) - 1, int(len(samples) * p))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--append", action="store_true", help="append to tests/bench/RESULTS.md")
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="slotd-bench-dash-"))
+    root.chmod(0o711)
+    server = LocalPostgres(root=root / "pg", socket_dir=root / "sock", port=5434, fast=True)
+    server.start()
+    out: list[str] = []
+    web = None
+    try:
+        url = server.url()
+        with psycopg.connect(url, autocommit=True) as conn:
+            migrate(conn)
+            started = time.perf_counter()
+            counts = build(conn, args.rows)
+            conn.execute("UPDATE slotd_tasks SET key = 'org:' || id WHERE id % 1000 = 0")
+            conn.execute("VACUUM (ANALYZE) slotd_tasks")
+            built = time.perf_counter() - started
+            dead_row = conn.execute(
+                "SELECT id, key FROM slotd_tasks WHERE key IS NOT NULL "
+                "AND attempt_count >= max_attempts ORDER BY id LIMIT 1"
+            ).fetchone()
+            assert dead_row is not None
+            task_id, key = dead_row
+            version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+        paths = [p.replace("KEY", key).replace("ID", str(task_id)) for p in PAGES]
+        out.append(
+            f"- {args.rows:,} rows ({counts}), built and VACUUMed in {built:.0f} s; "
+            f"PostgreSQL {version}; {args.runs} loads per page after one warm-up"
+        )
+
+        port = free_port()
+        env = {**os.environ, "SLOTD_DATABASE_URL": url, "PYTHONPATH": str(ROOT)}
+        web = subprocess.Popen(
+            [sys.executable, "-m", "slotd", "dashboard", "--addr", f"127.0.0.1:{port}"],
+            env=env,
+            stderr=subprocess.DEVNULL,
+        )
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while not reachable(port):
+            if time.monotonic() > deadline or web.poll() is not None:
+                raise SystemExit("the dashboard did not start")
+            time.sleep(0.1)
+
+        out.append("")
+        out.append("| page | median ms | p95 ms | statements (name: ms) |")
+        out.append("|---|---|---|---|")
+        with psycopg.connect(url, autocommit=True) as conn:
+            DashboardReads.prepare(conn, timedelta(seconds=5))
+            plans: list[str] = []
+            for path in paths:
+                fetch(base + path)  # warm-up
+                samples = []
+                for _ in range(args.runs):
+                    started = time.perf_counter()
+                    fetch(base + path)
+                    samples.append((time.perf_counter() - started) * 1000)
+                counting = Counting(conn)
+                page_call(path)(DashboardReads(counting))  # type: ignore[arg-type]
+                listed = ", ".join(f"{name}: {ms:.1f}" for name, ms, _, _ in counting.log)
+                shown = path.replace(key, "<key>").replace(f"/tasks/{task_id}", "/tasks/<id>")
+                out.append(
+                    f"| `{shown}` | {statistics.median(samples):.1f} | "
+                    f"{percentile(samples, 0.95):.1f} | {len(counting.log)}: {listed} |"
+                )
+                for name, _, sql, params in counting.log:
+                    plan = conn.execute(f"EXPLAIN (ANALYZE, COSTS OFF) {sql}", params).fetchall()
+                    plans.append(f"-- {shown} {name}\n" + "\n".join(r[0] for r in plan))
+        print("\n".join(out))
+        print("\n\n".join(plans))
+        if args.append:
+            stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+            with (ROOT / "tests" / "bench" / "RESULTS.md").open("a") as results:
+                results.write(
+                    f"\n## {stamp} — `python tests/bench/dashboard.py --rows {args.rows} "
+                    f"--runs {args.runs}`\n\nDashboard page loads over HTTP from `slotd "
+                    "dashboard` (uvicorn, loopback, no auth) and the statements each page runs "
+                    "(timed in-process).\n\n" + "\n".join(out) + "\n"
+                )
+    finally:
+        if web is not None:
+            web.terminate()
+            web.wait(10)
+        server.stop("immediate")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def fetch(url: str) -> None:
+    with urllib.request.urlopen(url, timeout=30) as reply:
+        reply.read()
+        assert reply.status == 200, (url, reply.status)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def reachable(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+if __name__ == "__main__":
+    main()

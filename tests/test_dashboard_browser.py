@@ -1,0 +1,288 @@
+"""The dashboard in headless Chromium (Playwright, Debian's /usr/bin/chromium), served by a
+real `slotd dashboard` against a real database that a real `slotd run` works on. Run with
+`--browser` (tests/browser/run.sh installs what it needs); the page screenshots in the
+README come from here (SLOTD_SCREENSHOT_DIR=docs/screenshots)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import slotd
+from tests.daemon import ROOT, Daemon, wait_for
+
+pytestmark = pytest.mark.browser
+playwright_sync = pytest.importorskip(
+    "playwright.sync_api", reason="the browser tests need playwright (tests/browser/run.sh)"
+)
+CHROMIUM = "/usr/bin/chromium"
+TOKEN = "browser-test-token-0123456789"
+XSS = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
+SHOTS = Path(os.environ.get("SLOTD_SCREENSHOT_DIR") or "/tmp/slotd-dashboard-screenshots")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def reachable(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="module")
+def world(scratch_pg: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is missing: apt-get install chromium (tests/browser/run.sh)")
+    url = scratch_pg.new_database()
+    tmp = tmp_path_factory.mktemp("dashboard")
+    daemon = Daemon(url, app="tests.apps.dashboard:registry")
+    port = free_port()
+    # The daemon's settings (its lease margin places the deadlines), plus the dashboard's.
+    env = {**daemon.env, "SLOTD_DASHBOARD_TOKEN": TOKEN, "SLOTD_DASHBOARD_ACTIONS": "on"}
+    web = subprocess.Popen(
+        [sys.executable, "-m", "slotd", "dashboard", "--addr", f"127.0.0.1:{port}"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp / "dashboard.log").open("w"),
+    )
+    pw = playwright_sync.sync_playwright().start()
+    try:
+        daemon.start()
+        wait_for(lambda: reachable(port) or web.poll() is not None, what="the dashboard")
+        assert web.poll() is None, (tmp / "dashboard.log").read_text()
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
+        with psycopg.connect(url, autocommit=True) as conn:
+            yield {
+                "url": url,
+                "base": f"http://127.0.0.1:{port}",
+                "browser": browser,
+                "conn": conn,
+                "tmp": tmp,
+                "log": tmp / "dashboard.log",
+            }
+        browser.close()
+    finally:
+        pw.stop()
+        web.terminate()
+        web.wait(20)
+        daemon.close()
+
+
+@pytest.fixture(scope="module")
+def page(world: dict[str, Any]) -> Iterator[Any]:
+    """A signed-in operator's tab."""
+    context = world["browser"].new_context(viewport={"width": 1280, "height": 760})
+    tab = context.new_page()
+    tab.goto(world["base"] + "/")
+    assert "/login" in tab.url  # nothing to see before signing in
+    tab.fill("input[name=token]", TOKEN)
+    tab.click("form.login button")
+    tab.wait_for_url(world["base"] + "/")
+    yield tab
+    context.close()
+
+
+def shot(page: Any, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def enqueue(conn: Any, task_type: str, payload: dict[str, Any], **kw: Any) -> int:
+    # One attempt: the first failure is a dead letter.
+    return slotd.enqueue(conn, task_type, payload, max_attempts=1, **kw)
+
+
+def is_dead(conn: Any, task_id: int) -> bool:
+    row = conn.execute(
+        "SELECT attempt_count >= max_attempts AND lease_token IS NULL FROM slotd_tasks "
+        "WHERE id = %s",
+        (task_id,),
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def test_overview_numbers_equal_slotd_status_json(world: dict[str, Any], page: Any) -> None:
+    conn, tmp = world["conn"], world["tmp"]
+    for org in (1, 2):
+        dead = enqueue(conn, "dash.flaky", {"fixed": str(tmp / "never"), "org": org})
+        wait_for(lambda dead=dead: is_dead(conn, dead), what="a dead letter")
+    running = enqueue(conn, "dash.slow", {"release": str(tmp / "release-overview")})
+    wait_for(
+        lambda: conn.execute(
+            "SELECT lease_token IS NOT NULL FROM slotd_tasks WHERE id = %s", (running,)
+        ).fetchone()[0],
+        what="the slow task to be claimed",
+    )
+    enqueue(conn, "report.weekly", {"week": 48})  # no replica has a handler for it
+    enqueue(conn, "report.weekly", {"week": 49})
+    try:
+        status = json.loads(
+            subprocess.run(
+                [sys.executable, "-m", "slotd", "status", "--json"],
+                env={**os.environ, "SLOTD_DATABASE_URL": world["url"]},
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
+        page.goto(world["base"] + "/")
+        shown: dict[str, dict[str, int]] = {"pending": {}, "running": {}, "dead": {}}
+        for row in page.locator("#types tbody tr").all():
+            task_type = row.get_attribute("data-type")
+            for kind in shown:
+                shown[kind][task_type] = int(row.locator(f"td[data-kind={kind}]").inner_text())
+        for kind in shown:
+            expected = {t: n for t, n in status[kind].items() if n}
+            assert {t: n for t, n in shown[kind].items() if n} == expected, kind
+        assert shown["running"]["dash.slow"] == 1 and shown["dead"]["dash.flaky"] == 2
+        flagged = page.locator('#types tr[data-type="report.weekly"] .flag')
+        assert flagged.inner_text() == "no replica handles this type"
+        assert page.locator('#types tr[data-type="dash.flaky"] .flag').count() == 0
+        assert page.locator("#replicas tbody tr").count() == len(status["replicas"]) == 1
+    finally:
+        (tmp / "release-overview").touch()
+
+
+def test_failing_task_is_a_dead_letter_with_its_traceback_and_retry_runs_it(
+    world: dict[str, Any], page: Any
+) -> None:
+    conn, tmp = world["conn"], world["tmp"]
+    fix = tmp / "fixed-7"
+    task_id = enqueue(conn, "dash.flaky", {"fixed": str(fix), "org": 7}, key="org:7")
+    wait_for(lambda: is_dead(conn, task_id), what="the dead letter")
+    page.goto(world["base"] + "/dead?type=dash.flaky")
+    row = page.locator(f'#dead tr[data-id="{task_id}"]')
+    assert row.locator(".error-line").inner_text() == "ValueError: org 7 not fixed yet"
+    shot(page, "dead-letters")
+    row.locator(f'a[href$="/tasks/{task_id}"]').click()
+    error = page.locator("#error").inner_text()
+    assert error.startswith("Traceback (most recent call last):")
+    assert "ValueError: org 7 not fixed yet" in error and "tests/apps/dashboard.py" in error
+    assert "org:7" in page.locator("dl.facts").inner_text()
+    shot(page, "task")
+    fix.touch()  # the fix is deployed; the operator retries
+    page.click("button[value=retry]")
+    page.wait_for_url(re.compile(r"/dead\?"))
+    assert page.locator("#notice").inner_text() == "retried 1 dead letter"
+    wait_for(
+        lambda: (
+            conn.execute("SELECT count(*) FROM slotd_tasks WHERE id = %s", (task_id,)).fetchone()[0]
+            == 0
+        ),
+        what="the retried task to run and finish",
+    )
+    page.goto(world["base"] + "/dead?type=dash.flaky")
+    assert page.locator(f'#dead tr[data-id="{task_id}"]').count() == 0
+    log = world["log"].read_text()
+    assert re.search(rf"who=token .*action=retry scope=ids:{task_id} count=1", log), log
+
+
+def test_running_task_shows_a_live_countdown(world: dict[str, Any], page: Any) -> None:
+    conn, tmp = world["conn"], world["tmp"]
+    task_id = enqueue(conn, "dash.slow", {"release": str(tmp / "release-countdown")})
+    try:
+        wait_for(
+            lambda: conn.execute(
+                "SELECT lease_token IS NOT NULL FROM slotd_tasks WHERE id = %s", (task_id,)
+            ).fetchone()[0],
+            what="the slow task to be claimed",
+        )
+        page.goto(world["base"] + "/running")
+        cell = page.locator(f'#running tr[data-id="{task_id}"] td.countdown')
+        first = cell.inner_text()
+        assert re.fullmatch(r"\d+s", first), first
+        assert 50 <= int(first[:-1]) <= 60  # a 60 s ceiling, claimed moments ago
+        # The browser counts down by itself between page loads.
+        page.wait_for_function(
+            "([el, first]) => el.textContent !== first", arg=[cell.element_handle(), first]
+        )
+        assert int(cell.inner_text()[:-1]) < int(first[:-1])
+        assert "overdue" not in (cell.locator("xpath=..").get_attribute("class") or "")
+        shot(page, "running")
+    finally:
+        (tmp / "release-countdown").touch()
+
+
+def test_xss_payload_renders_as_text(world: dict[str, Any], page: Any) -> None:
+    conn = world["conn"]
+    task_id = enqueue(conn, "dash.echo", {"note": XSS}, key=XSS)
+    wait_for(lambda: is_dead(conn, task_id), what="the dead letter")
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    for path in (f"/tasks/{task_id}", "/dead", "/"):
+        page.goto(world["base"] + path)
+        assert page.evaluate("typeof window.pwned") == "undefined", path
+    page.goto(world["base"] + f"/tasks/{task_id}")
+    assert json.loads(page.locator("#payload").inner_text()) == {"note": XSS}
+    assert XSS in page.locator("#error").inner_text()
+    assert page.locator("main script, main img").count() == 0
+    assert not dialogs
+
+
+def test_actions_without_the_token_are_refused(world: dict[str, Any], page: Any) -> None:
+    conn, tmp = world["conn"], world["tmp"]
+    task_id = enqueue(conn, "dash.flaky", {"fixed": str(tmp / "never"), "org": 9})
+    wait_for(lambda: is_dead(conn, task_id), what="the dead letter")
+    stranger = world["browser"].new_context()
+    try:
+        form = {"scope": "ids", "id": str(task_id), "action": "purge", "csrf": "x"}
+        reply = stranger.request.post(world["base"] + "/dead/action", form=form)
+        assert reply.status == 401
+        page_view = stranger.new_page()
+        page_view.goto(world["base"] + "/dead")
+        assert "/login" in page_view.url
+        # Signed in but without the page's CSRF token: refused as well.
+        forged = page.context.request.post(world["base"] + "/dead/action", form=form)
+        assert forged.status == 403
+    finally:
+        stranger.close()
+    assert is_dead(conn, task_id)
+
+
+def test_schedules_page(world: dict[str, Any], page: Any) -> None:
+    page.goto(world["base"] + "/schedules")
+    assert page.locator("h1").inner_text() == "Schedules & paused types"
+    shot(page, "schedules")
+
+
+def test_outcome_chart_shows_what_the_replica_reported(world: dict[str, Any], page: Any) -> None:
+    """The supervisor adds its slots' outcomes to slotd_outcomes at each heartbeat (30 s);
+    the chart then shows them. Runs last: the earlier tests made the outcomes."""
+    conn = world["conn"]
+
+    def reported() -> dict[str, int]:
+        rows = conn.execute("SELECT outcome, sum(count) FROM slotd_outcomes GROUP BY 1")
+        return {outcome: int(n) for outcome, n in rows}
+
+    wait_for(lambda: reported().get("success"), timeout=75, what="a heartbeat's outcomes")
+    counts = reported()
+    page.goto(world["base"] + "/")
+    legend = page.locator("ul.legend").inner_text()
+    for outcome, n in counts.items():
+        assert f"{outcome} {n}" in legend, (outcome, legend)
+    assert page.locator("svg.chart rect[fill]").count() >= 1
+    shot(page, "overview")
