@@ -3,6 +3,7 @@ loads it, binds parameters and says what a zero-row match means."""
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -581,7 +582,7 @@ class DashboardReads:
     by a cap or a limit; the counts use the gauges' predicates."""
 
     COUNT_CAP = 10_000
-    OPTIONAL_TABLES = ("slotd_schedules", "slotd_paused")
+    OPTIONAL_TABLES = ("slotd_schedules", "slotd_paused_types")
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
@@ -627,7 +628,7 @@ class DashboardReads:
 
     def rows_of(self, table: str, limit: int = 200) -> list[dict[str, Any]]:
         """An optional capability's table, whatever its columns (only OPTIONAL_TABLES)."""
-        name = {"slotd_schedules": "dash_schedules", "slotd_paused": "dash_paused"}[table]
+        name = {"slotd_schedules": "dash_schedules", "slotd_paused_types": "dash_paused"}[table]
         return [row[0] for row in self.conn.execute(_sql(name), {"limit": limit})]
 
 

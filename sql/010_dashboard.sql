@@ -14,8 +14,9 @@ CREATE TABLE slotd_outcomes (
 -- Per-type views of live work (the dashboard's capped pending counts, the per-type oldest
 -- due, listing the types that have work at all by a loose index scan): the due index is
 -- ordered by time across all types, so a quiet type's rows could only be found by reading
--- everyone else's.
-CREATE INDEX slotd_tasks_type_due ON slotd_tasks (task_type, run_at)
+-- everyone else's. The same index as per-type discovery's (same name and definition, so
+-- whichever migration runs first creates it and the other finds it there).
+CREATE INDEX IF NOT EXISTS slotd_tasks_due_by_type ON slotd_tasks (task_type, run_at, id)
     INCLUDE (lease_expires_at)
     WHERE attempt_count < max_attempts;
 

@@ -614,4 +614,4 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, false)
 SELECT to_jsonb(s) FROM slotd_schedules s ORDER BY 1 LIMIT %(limit)s
 
 -- name: dash_paused
-SELECT to_jsonb(p) FROM slotd_paused p ORDER BY 1 LIMIT %(limit)s
+SELECT to_jsonb(p) FROM slotd_paused_types p ORDER BY 1 LIMIT %(limit)s

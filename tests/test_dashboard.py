@@ -281,12 +281,18 @@ def test_schedules_and_pauses_appear_when_their_tables_exist(client: TestClient,
     assert "no schedules table yet" in client.get("/schedules").text
     conn.execute("CREATE TABLE slotd_schedules (name text PRIMARY KEY, cron text)")
     conn.execute("INSERT INTO slotd_schedules VALUES ('nightly-audit', '0 3 * * *')")
-    conn.execute("CREATE TABLE slotd_paused (task_type text PRIMARY KEY, until timestamptz)")
-    conn.execute("INSERT INTO slotd_paused VALUES ('audit', NULL)")
-    slotd.enqueue(conn, "audit", {})
+    conn.execute("CREATE TABLE slotd_paused_types (task_type text PRIMARY KEY, until timestamptz)")
+    conn.execute("INSERT INTO slotd_paused_types VALUES ('audit', NULL)")
+    conn.execute("INSERT INTO slotd_paused_types VALUES ('billing', now() - interval '1 hour')")
+    conn.execute("INSERT INTO slotd_paused_types VALUES ('mail', now() + interval '1 hour')")
+    for task_type in ("audit", "billing", "mail"):
+        slotd.enqueue(conn, task_type, {})
     page = client.get("/schedules").text
     assert "nightly-audit" in page and "0 3 * * *" in page
-    assert re.search(r'<tr data-type="audit">.*?<td>paused</td>', client.get("/").text, re.S)
+    overview = client.get("/").text
+    paused = dict(re.findall(r'<tr data-type="([^"]+)">.*?<td>([^<]*)</td>\s*<td>', overview, re.S))
+    assert paused["audit"] == "paused" and paused["mail"].startswith("until ")
+    assert paused["billing"] == ""  # its pause ran out
 
 
 def test_mounted_under_a_prefix(db_url: str, conn: Any) -> None:

@@ -30,7 +30,8 @@ def overview(reads: DashboardReads) -> dict[str, Any]:
     replicas = reads.replicas()
     served = {t for r in replicas for t in r["task_types"]}
     tables = reads.tables()
-    paused = _paused_types(reads) if "slotd_paused" in tables else None
+    paused = _paused_types(reads) if "slotd_paused_types" in tables else None
+    limits = _limits(replicas)
     rows = []
     for row in counts:
         has_work = row["pending"] or row["running"]
@@ -40,6 +41,7 @@ def overview(reads: DashboardReads) -> dict[str, Any]:
                 "capped": {k: row[k] >= reads.COUNT_CAP for k in ("pending", "running", "dead")},
                 "unserved": bool(has_work) and row["task_type"] not in served,
                 "paused": None if paused is None else paused.get(row["task_type"]),
+                "limit": limits.get(row["task_type"]),
             }
         )
     return {
@@ -49,15 +51,40 @@ def overview(reads: DashboardReads) -> dict[str, Any]:
         "slots": sum(r["slots"] for r in replicas),
         "chart": chart(reads.outcomes()),
         "paused_known": paused is not None,
+        "limits_known": bool(limits),
     }
 
 
 def _paused_types(reads: DashboardReads) -> dict[str, str]:
+    """slotd_paused_types (cancel/pause): a row pauses its type until `until` (or for
+    good when it is NULL); a row whose `until` has passed pauses nothing."""
     out = {}
-    for row in reads.rows_of("slotd_paused"):
-        if "task_type" in row:
-            until = row.get("until") or row.get("paused_until")
-            out[row["task_type"]] = f"until {until}" if until else "paused"
+    now = datetime.now(UTC)
+    for row in reads.rows_of("slotd_paused_types"):
+        if "task_type" not in row:
+            continue
+        until = row.get("until")
+        if until is None:
+            out[row["task_type"]] = "paused"
+            continue
+        ends = datetime.fromisoformat(str(until))
+        if ends > now:
+            out[row["task_type"]] = "until " + ends.strftime("%Y-%m-%d %H:%M UTC")
+    return out
+
+
+def _limits(replicas: list[dict[str, Any]]) -> dict[str, str]:
+    """Concurrency limits as replicas declare them (slotd_replicas.limits, where present:
+    {"type": [max_running, max_running_per_group]})."""
+    out: dict[str, str] = {}
+    for replica in replicas:
+        for task_type, pair in (replica.get("limits") or {}).items():
+            total, per_group = (list(pair) + [None, None])[:2]
+            parts = [
+                f"{total} running" if total else "",
+                f"{per_group} per group" if per_group else "",
+            ]
+            out.setdefault(task_type, ", ".join(p for p in parts if p))
     return out
 
 
@@ -175,7 +202,7 @@ def dead(
 def schedules(reads: DashboardReads) -> dict[str, Any]:
     tables = reads.tables()
     out: dict[str, Any] = {}
-    for name, label in (("slotd_schedules", "schedules"), ("slotd_paused", "paused")):
+    for name, label in (("slotd_schedules", "schedules"), ("slotd_paused_types", "paused")):
         if name in tables:
             rows = reads.rows_of(name)
             columns: list[str] = []
