@@ -582,7 +582,7 @@ class DashboardReads:
     by a cap or a limit; the counts use the gauges' predicates."""
 
     COUNT_CAP = 10_000
-    OPTIONAL_TABLES = ("slotd_schedules", "slotd_paused_types")
+    OPTIONAL_TABLES = ("slotd_schedules",)
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
@@ -628,8 +628,12 @@ class DashboardReads:
 
     def rows_of(self, table: str, limit: int = 200) -> list[dict[str, Any]]:
         """An optional capability's table, whatever its columns (only OPTIONAL_TABLES)."""
-        name = {"slotd_schedules": "dash_schedules", "slotd_paused_types": "dash_paused"}[table]
+        name = {"slotd_schedules": "dash_schedules"}[table]
         return [row[0] for row in self.conn.execute(_sql(name), {"limit": limit})]
+
+    def paused(self) -> list[dict[str, Any]]:
+        """The types paused now (`slotd pause`), as `slotd status` lists them."""
+        return paused_types(self.conn)
 
 
 def _dicts(cur: Any) -> list[dict[str, Any]]:

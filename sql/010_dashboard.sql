@@ -20,10 +20,12 @@ CREATE INDEX IF NOT EXISTS slotd_tasks_due_by_type ON slotd_tasks (task_type, ru
     INCLUDE (lease_expires_at)
     WHERE attempt_count < max_attempts;
 
--- The dashboard's dead-letter list, newest first across all types, read from an index
--- instead of sorting every dead letter. Only rows at the attempt threshold enter it, so
--- the enqueue/claim/settle path never touches it.
-CREATE INDEX slotd_tasks_dead_recent ON slotd_tasks (last_attempted_at DESC, id DESC)
+-- The dead-letter list, newest first across all types (the dashboard's and `slotd dead
+-- list`'s order: when each stopped), read from an index instead of sorting every dead
+-- letter. Only rows at the attempt threshold enter it, so the enqueue/claim/settle path
+-- never touches it.
+CREATE INDEX slotd_tasks_dead_recent
+    ON slotd_tasks ((coalesce(cancelled_at, last_attempted_at)) DESC, id DESC)
     WHERE attempt_count >= max_attempts;
 
 -- Which slot of which replica holds which lease, as of that replica's last heartbeat

@@ -612,6 +612,3 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, false)
 -- name: dash_schedules
 -- Whatever columns the schedules table has (read only once dash_tables found it).
 SELECT to_jsonb(s) FROM slotd_schedules s ORDER BY 1 LIMIT %(limit)s
-
--- name: dash_paused
-SELECT to_jsonb(p) FROM slotd_paused_types p ORDER BY 1 LIMIT %(limit)s

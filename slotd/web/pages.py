@@ -29,8 +29,7 @@ def overview(reads: DashboardReads) -> dict[str, Any]:
     counts = reads.counts(types)
     replicas = reads.replicas()
     served = {t for r in replicas for t in r["task_types"]}
-    tables = reads.tables()
-    paused = _paused_types(reads) if "slotd_paused_types" in tables else None
+    paused = _paused_types(reads)
     limits = _limits(replicas)
     rows = []
     for row in counts:
@@ -40,7 +39,7 @@ def overview(reads: DashboardReads) -> dict[str, Any]:
                 **row,
                 "capped": {k: row[k] >= reads.COUNT_CAP for k in ("pending", "running", "dead")},
                 "unserved": bool(has_work) and row["task_type"] not in served,
-                "paused": None if paused is None else paused.get(row["task_type"]),
+                "paused": paused.get(row["task_type"]),
                 "limit": limits.get(row["task_type"]),
             }
         )
@@ -50,26 +49,19 @@ def overview(reads: DashboardReads) -> dict[str, Any]:
         "replicas": replicas,
         "slots": sum(r["slots"] for r in replicas),
         "chart": chart(reads.outcomes()),
-        "paused_known": paused is not None,
+        "paused_known": bool(paused),
         "limits_known": bool(limits),
     }
 
 
 def _paused_types(reads: DashboardReads) -> dict[str, str]:
-    """slotd_paused_types (cancel/pause): a row pauses its type until `until` (or for
-    good when it is NULL); a row whose `until` has passed pauses nothing."""
+    """The types `slotd pause` holds now (the same statement as `slotd status`)."""
     out = {}
-    now = datetime.now(UTC)
-    for row in reads.rows_of("slotd_paused_types"):
-        if "task_type" not in row:
-            continue
-        until = row.get("until")
-        if until is None:
-            out[row["task_type"]] = "paused"
-            continue
-        ends = datetime.fromisoformat(str(until))
-        if ends > now:
-            out[row["task_type"]] = "until " + ends.strftime("%Y-%m-%d %H:%M UTC")
+    for row in reads.paused():
+        until = row["until"]
+        out[row["task_type"]] = (
+            "until " + until.strftime("%Y-%m-%d %H:%M UTC") if until else "paused"
+        )
     return out
 
 
@@ -200,15 +192,16 @@ def dead(
 
 
 def schedules(reads: DashboardReads) -> dict[str, Any]:
-    tables = reads.tables()
-    out: dict[str, Any] = {}
-    for name, label in (("slotd_schedules", "schedules"), ("slotd_paused_types", "paused")):
-        if name in tables:
-            rows = reads.rows_of(name)
-            columns: list[str] = []
-            for row in rows:
-                columns += [c for c in row if c not in columns]
-            out[label] = {"rows": rows, "columns": columns}
-        else:
-            out[label] = None
+    out: dict[str, Any] = {"paused": _table(reads.paused())}
+    # Schedules are shown once the database has their table (a migration of their own).
+    out["schedules"] = (
+        _table(reads.rows_of("slotd_schedules")) if "slotd_schedules" in reads.tables() else None
+    )
     return out
+
+
+def _table(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    columns: list[str] = []
+    for row in rows:
+        columns += [c for c in row if c not in columns]
+    return {"rows": rows, "columns": columns}
