@@ -48,7 +48,10 @@ def world(scratch_pg: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
         pytest.skip(f"{CHROMIUM} is missing: apt-get install chromium (tests/browser/run.sh)")
     url = scratch_pg.new_database()
     tmp = tmp_path_factory.mktemp("dashboard")
-    daemon = Daemon(url, app="tests.apps.dashboard:registry")
+    # A heartbeat a second: the outcome chart and the lease holders show up without waiting.
+    daemon = Daemon(
+        url, app="tests.apps.dashboard:registry", env={"SLOTD_HEARTBEAT_INTERVAL": "1s"}
+    )
     port = free_port()
     # The daemon's settings (its lease margin places the deadlines), plus the dashboard's.
     env = {**daemon.env, "SLOTD_DASHBOARD_TOKEN": TOKEN, "SLOTD_DASHBOARD_ACTIONS": "on"}
@@ -83,6 +86,7 @@ def world(scratch_pg: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
                 "conn": conn,
                 "tmp": tmp,
                 "log": tmp / "dashboard.log",
+                "pid": daemon.pid,
             }
         browser.close()
     finally:
@@ -211,8 +215,17 @@ def test_running_task_shows_a_live_countdown(world: dict[str, Any], page: Any) -
             ).fetchone()[0],
             what="the slow task to be claimed",
         )
+        wait_for(
+            lambda: conn.execute(
+                "SELECT count(*) FROM slotd_replicas WHERE leases ? %s", (str(task_id),)
+            ).fetchone()[0],
+            what="a heartbeat naming the lease's slot",
+        )
         page.goto(world["base"] + "/running")
-        cell = page.locator(f'#running tr[data-id="{task_id}"] td.countdown')
+        row = page.locator(f'#running tr[data-id="{task_id}"]')
+        assert row.locator("td").nth(3).inner_text() == f"{socket.gethostname()}:{world['pid']}"
+        assert row.locator("td").nth(4).inner_text() in ("0", "1")  # one of its two slots
+        cell = row.locator("td.countdown")
         first = cell.inner_text()
         assert re.fullmatch(r"\d+s", first), first
         assert 50 <= int(first[:-1]) <= 60  # a 60 s ceiling, claimed moments ago
@@ -270,7 +283,7 @@ def test_schedules_page(world: dict[str, Any], page: Any) -> None:
 
 
 def test_outcome_chart_shows_what_the_replica_reported(world: dict[str, Any], page: Any) -> None:
-    """The supervisor adds its slots' outcomes to slotd_outcomes at each heartbeat (30 s);
+    """The supervisor adds its slots' outcomes to slotd_outcomes at each heartbeat;
     the chart then shows them. Runs last: the earlier tests made the outcomes."""
     conn = world["conn"]
 
@@ -278,7 +291,7 @@ def test_outcome_chart_shows_what_the_replica_reported(world: dict[str, Any], pa
         rows = conn.execute("SELECT outcome, sum(count) FROM slotd_outcomes GROUP BY 1")
         return {outcome: int(n) for outcome, n in rows}
 
-    wait_for(lambda: reported().get("success"), timeout=75, what="a heartbeat's outcomes")
+    wait_for(lambda: reported().get("success"), what="a heartbeat's outcomes")
     counts = reported()
     page.goto(world["base"] + "/")
     legend = page.locator("ul.legend").inner_text()
