@@ -8,6 +8,7 @@ import errno
 import os
 import select
 import signal
+import time
 import weakref
 from collections.abc import Container
 from typing import Any
@@ -156,7 +157,14 @@ class ChildWatch:
             return self.status
         if self.fd is not None:
             select.select([self.fd], [], [], timeout)
-        return self.poll()
+            return self.poll()
+        # No pidfd (an old kernel, a seccomp policy without pidfd_open): poll instead.
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (status := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            time.sleep(0.01)
+        return status
 
     def close(self) -> None:
         if self.fd is not None:

@@ -92,7 +92,9 @@ def serve(
                 break
             if message[0] == "exit":
                 break
-            _, task, deadline = message
+            _, task, deadline, stale_cancel = message
+            if stale_cancel:  # a cancel meant for the task before this one
+                _State.cancelled = False
             conn.send(("result", _run(conn, registry, task, deadline, slot_no, faults)))
     except BaseException:  # noqa: BLE001 - whatever happens, the slot sees a dead runner
         code = 70
@@ -140,7 +142,8 @@ def _run(
 
     cancelled = lambda: _State.cancelled  # noqa: E731
     ctx = Context(task, deadline, write_cursor, cancelled, write_cursor_async=write_cursor_async)
-    _State.cancelled = False
+    # Not cleared here: a cancel that lands while the task is being received stays (the
+    # slot clears a stale one with the "run" message; see slot.Slot._watch).
     _State.armed = True
     try:
         result = execute(handler, ctx, faults.before_handler if faults else None)
@@ -157,6 +160,7 @@ def _run(
         # Nothing an attempt that timed out or was cancelled started may outlive it: the
         # retry would run beside it. A handler that succeeded keeps what it started.
         proc.kill_rest_of_group()
+    _State.cancelled = False  # this task's; one that arrives after this is the slot's to clear
     proc.set_title(f"runner {slot_no} idle")
     return result
 

@@ -38,6 +38,9 @@ from slotd.watchdog import Step, Watchdog
 log = logging.getLogger("slotd.slot")
 
 CRASH_LOOP_FLOOR = 5.0  # a runner that dies younger than this counts toward the backoff
+# SIGKILL ends any process but one in uninterruptible sleep (a hung NFS read, a stuck
+# device): waiting longer than this for such a runner would hang the slot with it.
+RUNNER_STOP_TIMEOUT = 10.0
 # A running attempt re-reads its own row for a cancel every this many poll intervals (30 s at
 # the default 5 s): one primary-key read per long task, and the bound on how long a cancel
 # whose notification was lost can go unnoticed.
@@ -66,11 +69,14 @@ class Runner:
     started: float = field(default_factory=time.monotonic)
     tasks: int = 0
 
-    def stop(self) -> int | None:
+    def stop(self, timeout: float = RUNNER_STOP_TIMEOUT) -> int | None:
+        """Kill the runner's group and reap it; None when it has not died within `timeout`
+        (uninterruptible sleep): the caller keeps its watch and reports it stuck."""
         proc.kill_group(self.pid, signal.SIGKILL)
-        status = self.watch.wait(None)
+        status = self.watch.wait(timeout)
         self.conn.close()
-        self.watch.close()
+        if status is not None:
+            self.watch.close()
         return status
 
 
@@ -86,6 +92,8 @@ class Slot:
         self.reload = False
         self.fresh_code = False
         self.runner: Runner | None = None
+        self.stuck: list[Runner] = []  # killed but not dead: uninterruptible sleep
+        self.cancel_sent = False  # a CANCEL went to the runner during its last task
         self.repo: Repository | None = None
         self.crashes = 0
         self.batch: list[int] = []
@@ -231,10 +239,15 @@ class Slot:
             watched: list[Any] = [self.sup, self.selfpipe]
             if self.runner is not None and self.runner.watch.fd is not None:
                 watched.append(self.runner.watch)
-            ready = wait(watched, timeout=None if self.runner else 1.0)
+            # Without a pidfd, look at the runner once a second instead.
+            blind = self.runner is None or self.runner.watch.fd is None
+            ready = wait(watched, timeout=1.0 if blind else None)
             if self.selfpipe in ready:
                 self.selfpipe.drain()
-            if self.runner is not None and self.runner.watch in ready:
+            if self.runner is not None and (
+                self.runner.watch in ready
+                or (self.runner.watch.fd is None and self.runner.watch.poll() is not None)
+            ):
                 self._runner_died(Result(CRASHED, "runner died while idle"), idle=True)
             if self.runner is None:
                 self._spawn_runner()
@@ -249,6 +262,7 @@ class Slot:
     def _between_tasks(self) -> None:
         """Runner replacement happens here only, never mid-task: on SIGHUP (new code) or
         when recycling is configured and the runner has served enough or grown too big."""
+        self._reap_stuck()
         runner_ = self.runner
         if runner_ is None:
             return
@@ -268,7 +282,7 @@ class Slot:
                 reason = "runner_recycled"
         if reason is None:
             return
-        runner_.stop()
+        self._stop_runner(runner_)
         self.runner = None
         self._spawn_runner()
         self._report("restart", reason)
@@ -281,9 +295,10 @@ class Slot:
             self.log.error("reload failed: the new code does not start; keeping the old runner")
             self._report("reload_failed")
             return
-        current.stop()
+        self._stop_runner(current)
         self.fresh_code = True
         self.runner = fresh
+        self._report("runner", fresh.pid)
         self._report("restart", "reload")
         self._report("reloaded")
 
@@ -334,6 +349,10 @@ class Slot:
         if self.runner is None:
             self.crashes += 1
             self._report("restart", "runner_boot_failed")
+        else:
+            # The supervisor kills this runner's group if the slot dies: it must know the
+            # current one after a recycle, a reload or an idle respawn, not the last claim's.
+            self._report("runner", self.runner.pid)
 
     def _fork_runner(self, fresh_code: bool) -> Runner | None:
         ours, theirs = socket.socketpair()
@@ -381,12 +400,39 @@ class Slot:
             self.claim_registry = _registry_view(types, ceilings, limits)
         return handle
 
+    def _stop_runner(self, runner_: Runner) -> int | None:
+        """Stop a runner; one that does not die is kept aside, reported stuck (the
+        supervisor's /healthz fails, so an orchestrator replaces the replica) and reaped
+        here if it ever dies."""
+        status = runner_.stop()
+        if status is None:
+            self.log.error(
+                "runner %s did not die after SIGKILL within %ss (uninterruptible sleep?)",
+                runner_.pid,
+                RUNNER_STOP_TIMEOUT,
+            )
+            self.stuck.append(runner_)
+            self._report("stuck", len(self.stuck))
+        return status
+
+    def _reap_stuck(self) -> None:
+        if not self.stuck:
+            return
+        alive = [r for r in self.stuck if r.watch.poll() is None]
+        if len(alive) < len(self.stuck):
+            for r in self.stuck:
+                if r not in alive:
+                    r.watch.close()
+            self.stuck = alive
+            self._report("stuck", len(alive))
+
     def _runner_died(self, result: Result, idle: bool = False) -> None:
         runner_ = self.runner
         if runner_ is None:
             return
-        status = runner_.stop()
+        status = self._stop_runner(runner_)
         self.runner = None
+        self._report("runner", None)
         if result.kind == CRASHED:
             # Only crashes feed the backoff: a watchdog kill is the system working.
             young = time.monotonic() - runner_.started < CRASH_LOOP_FLOOR
@@ -409,9 +455,11 @@ class Slot:
             result = self._watch(claimed, self.runner, deadline)
             if result.duration is None:
                 result.duration = time.monotonic() - started
+        # Settle before forking the next runner: crash backoff and a slow import could
+        # otherwise outlast the lease, and another worker would take the row first.
+        settlement = self._settle(claimed, result)
         if self.runner is None and not self.stopping:
             self._spawn_runner()
-        settlement = self._settle(claimed, result)
         if settlement.claim_tried:
             if settlement.next is not None:
                 self._consumed(settlement.next)
@@ -435,7 +483,16 @@ class Slot:
         advanced = False
         ceiling = claimed.lease_expires_at - claimed.claimed_at - self.settings.lease_margin
         label = f"slot {self.spec.number} running {claimed.task_type}#{claimed.id}"
-        runner_.conn.send(("run", claimed.task(), deadline))
+        try:
+            # A cancel sent during the last task may have landed after its result: the
+            # runner forgets it on this message, never on its own, so a cancel sent from
+            # here on (a SIGTERM while it receives the task) is kept.
+            runner_.conn.send(("run", claimed.task(), deadline, self.cancel_sent))
+        except OSError:  # it died between tasks, before we noticed: ours to settle
+            result = Result(CRASHED, "runner died before it got the task")
+            self._runner_died(result)
+            return result
+        self.cancel_sent = False
         runner_.tasks += 1
         recheck_every = self.settings.poll_interval.total_seconds() * CANCEL_RECHECK_POLLS
         recheck_at = dog.started + recheck_every
@@ -451,6 +508,7 @@ class Slot:
                     grace = self.settings.kill_grace.total_seconds()
                     return Result(KILLED, f"killed {grace:g}s after it was cancelled", advanced)
                 if step in (Step.CANCEL, Step.INTERRUPT):
+                    self.cancel_sent = self.cancel_sent or step is Step.CANCEL
                     # The runner alone: its handler's subprocesses must not get the signal.
                     proc.send(
                         runner_.pid, runner.CANCEL if step is Step.CANCEL else runner.INTERRUPT
@@ -466,7 +524,9 @@ class Slot:
                     return Result(KILLED, f"killed {grace:g}s after its deadline", advanced, True)
             proc.set_title(f"{label} {now - dog.started:.0f}s/{ceiling.total_seconds():.0f}s")
             timeout = dog.wait_for(now)
-            watched = [runner_.conn, runner_.watch, self.selfpipe]
+            watched = [runner_.conn, self.selfpipe]
+            if runner_.watch.fd is not None:  # no pidfd (old kernel, seccomp): polled below
+                watched.append(runner_.watch)
             ready = wait([*watched, self.sup] if self.sup_open else watched, timeout=timeout)
             if self.selfpipe in ready:
                 self.selfpipe.drain()
@@ -490,9 +550,8 @@ class Slot:
                     advanced = advanced or ok
                     runner_.conn.send(("cursor_ok", ok, error))
                     continue
-            if (runner_.watch in ready or runner_.conn in ready) and runner_.watch.wait(
-                1.0
-            ) is not None:
+            exited = runner_.watch in ready or runner_.conn in ready or runner_.watch.fd is None
+            if exited and runner_.watch.wait(1.0 if runner_.conn in ready else 0) is not None:
                 result = Result(CRASHED, "runner died under the handler", advanced)
                 self._runner_died(result)
                 return result

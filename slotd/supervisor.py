@@ -53,6 +53,7 @@ class SlotHandle:
     busy: bool = False
     lease: Claimed | None = None
     runner_pid: int | None = None
+    stuck: int = 0  # runners that did not die after SIGKILL (uninterruptible sleep)
 
 
 class Supervisor:
@@ -287,6 +288,10 @@ class Supervisor:
                 if handle.lease is not None:
                     self._cancel_if_asked(handle)
                     self.tokens.offer(remember=False)  # the cascade, as for any claim
+            elif kind == "runner":  # after a recycle, a reload or a respawn
+                handle.runner_pid = message[1]
+            elif kind == "stuck":
+                handle.stuck = message[1]
             elif kind == "empty":
                 if self.metrics is not None:
                     self.metrics.record_empty_claim()
@@ -341,6 +346,7 @@ class Supervisor:
             handle.number,
             proc.describe_status(status),
             f" in {delay:.1f}s" if delay else "",
+            extra={"slot": handle.number, "runner_pid": handle.runner_pid},
         )
         if self.metrics is not None:
             self.metrics.record_restart("slot_died")
@@ -601,6 +607,9 @@ class Supervisor:
             return False, f"supervisor loop stalled for {stale:.0f}s"
         if alive < self.settings.slots and not self.stopping:
             return False, f"{alive}/{self.settings.slots} slots up"
+        stuck = [h.number for h in self.slots.values() if h.stuck]
+        if stuck:
+            return False, f"slots {stuck} hold a runner that SIGKILL did not end"
         return True, f"{alive}/{self.settings.slots} slots up"
 
     def _readiness(self) -> tuple[bool, str]:

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from datetime import datetime, timedelta
 from typing import Any
@@ -256,3 +257,42 @@ def fail(task: slotd.Task, ctx: slotd.Context) -> None:
 def fail_limited(task: slotd.Task, ctx: slotd.Context) -> None:
     _record(task, "start")
     raise RuntimeError(f"attempt {task.attempt} failed")
+
+
+def _runner_fork_probe() -> None:
+    """RT_RUNNER_FORK_PROBE=1: a runner, as it is forked, records whether its slot had
+    already settled the task before it (no row leased) or not (waiting up to 5 s)."""
+    import setproctitle
+
+    if not setproctitle.getproctitle().startswith("slotd: slot"):
+        return  # a slot forked by the supervisor, or a handler's own fork
+    with psycopg.connect(os.environ["SLOTD_DATABASE_URL"], autocommit=True) as conn:
+        until = time.monotonic() + 5
+        leased = True
+        while leased and time.monotonic() < until:
+            query = "SELECT count(*) FROM slotd_tasks WHERE lease_token IS NOT NULL"
+            leased = conn.execute(query).fetchone() != (0,)
+            time.sleep(0.05) if leased else None
+        conn.execute(
+            "INSERT INTO executions (task_id, attempt, phase, pid, note) VALUES (0,0,%s,%s,%s)",
+            ("runner_boot", os.getpid(), "leased" if leased else "settled"),
+        )
+
+
+if os.environ.get("RT_RUNNER_FORK_PROBE"):
+    os.register_at_fork(after_in_child=_runner_fork_probe)
+
+
+@registry.handler("rt.die_after", ceiling=timedelta(seconds=30))
+def die_after(task: slotd.Task, ctx: slotd.Context) -> None:
+    """Returns, and its runner dies 0.3 s later, once the test holds the row locked (so the
+    slot's settlement waits and the next task goes to a dead runner)."""
+    _record(task, "start")
+    with psycopg.connect(os.environ["SLOTD_DATABASE_URL"], autocommit=True) as conn:
+        until = time.monotonic() + 20
+        while time.monotonic() < until:
+            marker = "SELECT 1 FROM executions WHERE task_id = %s AND phase = 'locked'"
+            if conn.execute(marker, (task.id,)).fetchone():
+                break
+            time.sleep(0.02)
+    threading.Timer(0.3, os._exit, args=(0,)).start()
