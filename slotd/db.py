@@ -37,6 +37,23 @@ def primary_url(settings: Settings) -> str:
     return embedded.ensure(settings)
 
 
+def existing_url(settings: Settings) -> str:
+    """For commands that read or tidy existing work (status, dead letters, cleanup): the
+    configured database, or the embedded one if it is running. Never initdb's or starts a
+    server just to report that it holds nothing."""
+    if settings.database_url:
+        return _checked(settings.database_url)
+    from slotd import embedded
+
+    url = embedded.running_url(settings)
+    if url is None:
+        raise ConfigError(
+            "no database configured (set SLOTD_DATABASE_URL) and the embedded one is not "
+            "running; `slotd migrate` or `slotd run` starts it"
+        )
+    return url
+
+
 def read_url(settings: Settings, primary: str) -> str | None:
     """The read replica's URL, or None when discovery shares the primary."""
     return _checked(settings.database_url_read) if settings.database_url_read else None

@@ -318,6 +318,17 @@ def ensure(settings: Settings) -> str:
     return url
 
 
+def running_url(settings: Settings) -> str | None:
+    """The embedded server's URL when it is up, else None. Creates and starts nothing: for
+    commands that only look at work that would already be there."""
+    url = url_for(home_dir(settings))
+    conn = _try_connect(url)
+    if conn is None:
+        return None
+    conn.close()
+    return url
+
+
 def _pid(server: LocalPostgres) -> int | None:
     try:
         first = (server.datadir / "postmaster.pid").read_text().split("\n", 1)[0]

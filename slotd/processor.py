@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
+
 from slotd import aio
 from slotd import outcome as kinds
 from slotd.errors import Cancelled, DeadlineExceeded, LeaseLost
@@ -160,7 +162,7 @@ def settle(
         if result.kind in (kinds.CONTINUE, kinds.SHUTDOWN) or (
             shutting_down and result.kind == kinds.ERROR
         ):
-            return _release(repo, claimed, result, shutting_down, logger)
+            return _release(repo, claimed, result, shutting_down, logger, backoff)
         if result.kind == kinds.KILLED or (result.kind == kinds.ERROR and result.past_deadline):
             text = _error_text(result, "deadline exceeded")
             failure = repo.record_failure(task_id, token, text, **backoff)
@@ -174,6 +176,30 @@ def settle(
         return _done(Outcome.FAILURE, claimed, result, logger, failure.dead)
     except LeaseLost:
         return _done(Outcome.LOST, claimed, result, logger)
+    except psycopg.OperationalError:
+        raise  # the connection, not the data: the slot reconnects and tries again
+    except Exception as exc:  # noqa: BLE001 - whatever the database refused is the task's
+        return _unsettled(repo, claimed, result, exc, logger, backoff)
+
+
+def _unsettled(
+    repo: Repository,
+    claimed: Claimed,
+    result: Result,
+    exc: Exception,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    backoff: dict[str, timedelta | None],
+) -> Settlement:
+    """The settlement's own write failed (data the database refused, a trigger): record
+    that as this attempt's failure, with the reason, rather than let it end the slot."""
+    text = f"slotd could not settle this attempt ({result.kind}): {type(exc).__name__}: {exc}"
+    if result.error:
+        text += f"\nthe attempt's own error:\n{result.error}"
+    try:
+        failure = repo.record_failure(claimed.id, claimed.token, text, **backoff)
+    except LeaseLost:
+        return _done(Outcome.LOST, claimed, result, logger)
+    return _done(Outcome.FAILURE, claimed, replace(result, error=text), logger, failure.dead)
 
 
 def _backoff(
@@ -196,30 +222,44 @@ def _release(
     result: Result,
     shutting_down: bool,
     logger: logging.Logger | logging.LoggerAdapter[Any],
+    backoff: dict[str, timedelta | None],
 ) -> Settlement:
     interrupted = shutting_down or result.kind == kinds.SHUTDOWN
-    reason = (
-        "released at shutdown on its final attempt"
-        if interrupted
-        else "continued without advancing on its final attempt"
-    )
-    # After a successful advance_cursor the row is already unleased and due: matching a
-    # row here means the slice saved nothing and its next attempt repeats this one.
-    matched = repo.release(claimed.id, claimed.token, reason)
-    if interrupted:
-        outcome = Outcome.CONTINUED if result.advanced else Outcome.CANCELLED
-    elif result.past_deadline:
-        outcome = Outcome.TIMEOUT
-        logger.warning("slice continued at its deadline", extra=_fields(claimed))
-    else:
-        outcome = Outcome.CONTINUED
-    if matched and not interrupted:
-        logger.warning(
-            "slice advanced nothing; its next attempt repeats this one%s",
-            " and it has reached max attempts" if claimed.final_attempt else "",
-            extra=_fields(claimed),
-        )
+    if not interrupted:
+        return _continued(repo, claimed, result, logger, backoff)
+    matched = repo.release(claimed.id, claimed.token, "released at shutdown on its final attempt")
+    outcome = Outcome.CONTINUED if result.advanced else Outcome.CANCELLED
     return _done(outcome, claimed, result, logger, matched and claimed.final_attempt)
+
+
+NOT_ADVANCED = "continued without advancing: returned False without ctx.advance_cursor"
+
+
+def _continued(
+    repo: Repository,
+    claimed: Claimed,
+    result: Result,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    backoff: dict[str, timedelta | None],
+) -> Settlement:
+    """A continue. After a successful advance_cursor the row is already unleased and due,
+    so a fenced write matching it means the slice saved nothing: its next attempt would
+    repeat this one at once, so it is backed off like a failure (attempt kept) instead of
+    spinning through its attempts in milliseconds."""
+    if result.past_deadline:
+        logger.warning("slice continued at its deadline", extra=_fields(claimed))
+    outcome = Outcome.TIMEOUT if result.past_deadline else Outcome.CONTINUED
+    try:
+        failure = repo.record_failure(claimed.id, claimed.token, NOT_ADVANCED, **backoff)
+    except LeaseLost:
+        # Nothing to back off: advanced (the cursor freed the row), or the lease was lost.
+        return _done(outcome if result.advanced else Outcome.LOST, claimed, result, logger)
+    logger.warning(
+        "slice advanced nothing; backed off like a failure%s",
+        " and it has reached max attempts" if failure.dead else "",
+        extra=_fields(claimed),
+    )
+    return _done(outcome, claimed, result, logger, failure.dead)
 
 
 def _error_text(result: Result, default: str) -> str:

@@ -259,6 +259,22 @@ class Failure:
         return self.attempt >= self.max_attempts
 
 
+ERROR_LIMIT = 8000
+
+
+def storable(text: str, limit: int = ERROR_LIMIT) -> str:
+    """Error text PostgreSQL will take, whatever a handler put in its exception: NUL
+    escaped (a text column cannot hold one), lone surrogates escaped (not UTF-8), and at
+    most `limit` characters, keeping the head and the tail, where a traceback names its
+    exception."""
+    text = text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) <= limit:
+        return text
+    head = limit // 4
+    tail = limit - head - 40
+    return f"{text[:head]}\n... [{len(text) - head - tail} characters cut] ...\n{text[-tail:]}"
+
+
 def _interval(value: timedelta) -> str:
     return f"{int(value.total_seconds() * 1000)}ms"
 
@@ -394,7 +410,7 @@ class Repository:
     ) -> Failure:
         """Back off and keep the error. `backoff_base` / `backoff_cap`: the type's own,
         else the worker's."""
-        params = {"id": task_id, "token": token, "error": error[:8000], **self._backoff}
+        params = {"id": task_id, "token": token, "error": storable(error), **self._backoff}
         if backoff_base is not None:
             params["base_s"] = backoff_base.total_seconds()
         if backoff_cap is not None:
@@ -414,7 +430,8 @@ class Repository:
         return count == 1
 
     def release(self, task_id: int, token: uuid.UUID, reason: str) -> bool:
-        _, rows = self._write("release", {"id": task_id, "token": token, "reason": reason})
+        params = {"id": task_id, "token": token, "reason": storable(reason)}
+        _, rows = self._write("release", params)
         return len(rows) == 1
 
     def settle_cancelled(self, task_id: int, token: uuid.UUID) -> bool:

@@ -609,19 +609,25 @@ class Slot:
         if faults is not None and faults.lose_settlement():
             return Settlement(Outcome.LOST, False, result.duration)
         then = (self.batch, self.claim_registry) if self._may_chain() else None
-        settled = self._with_db(
-            lambda repo: settle(
-                repo,
+        try:
+            settled = self._with_db(
+                lambda repo: settle(
+                    repo,
+                    claimed,
+                    result,
+                    shutting_down=self.stopping,
+                    logger=self.log,
+                    then_claim=then,
+                    cancelled_by=self.cancel_reason,
+                    registry=self.claim_registry,
+                ),
                 claimed,
-                result,
-                shutting_down=self.stopping,
-                logger=self.log,
-                then_claim=then,
-                cancelled_by=self.cancel_reason,
-                registry=self.claim_registry,
-            ),
-            claimed,
-        )
+            )
+        except Exception as exc:  # noqa: BLE001 - not even the failure could be recorded
+            # settle() records a refused write as the task's failure; this is that record
+            # refused too. The lease then expires as after a crash: the slot serves on.
+            self.log.error("settlement failed: %s", db.first_line(exc), extra=_ids(claimed))
+            settled = None
         return settled if settled is not None else Settlement(Outcome.LOST, False, result.duration)
 
     def _with_db(self, write: Any, claimed: Claimed) -> Any:

@@ -251,20 +251,31 @@ ORDER BY {retired_at} DESC NULLS LAST, t.id DESC
 LIMIT %(limit)s
 
 -- name: dead_retry
--- Back to the start: attempts reset and due now. A live row with the same key wins; the
--- dead one then stays dead rather than violating the dedupe index.
+-- Back to the start: attempts reset and due now. A keyed dead letter is revived only while
+-- no live row has its key (the full live predicate: a row on its final attempt under a
+-- lease is live too), and of several dead letters sharing a key only the newest: reviving
+-- two would duplicate the work and break the dedupe index. The ones left out are left out
+-- of the batch too, so a batch is never spent on rows it cannot revive.
+WITH candidates AS MATERIALIZED (
+    SELECT d.id, d.task_type, d.key FROM slotd_tasks d
+    WHERE d.id IN (
+        SELECT t.id FROM slotd_tasks t
+        WHERE {dead} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
+          AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[])))
+      AND (d.key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM slotd_tasks t
+          WHERE t.task_type = d.task_type AND t.key = d.key AND t.id <> d.id AND {live}))
+    ORDER BY d.id LIMIT %(batch)s FOR UPDATE OF d SKIP LOCKED
+), chosen AS (
+    SELECT DISTINCT ON (c.task_type, c.key, CASE WHEN c.key IS NULL THEN c.id END) c.id
+    FROM candidates c
+    ORDER BY c.task_type, c.key, CASE WHEN c.key IS NULL THEN c.id END, c.id DESC
+)
 UPDATE slotd_tasks t
 SET attempt_count = 0, run_at = now(), lease_token = NULL, lease_expires_at = NULL,
     cancelled_at = NULL
-WHERE t.id IN (
-    SELECT t.id FROM slotd_tasks t
-    WHERE {dead} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
-      AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
-      AND (t.key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM slotd_tasks l
-          WHERE l.task_type = t.task_type AND l.key = t.key AND l.id <> t.id
-            AND l.attempt_count < l.max_attempts))
-    ORDER BY t.id LIMIT %(batch)s FOR UPDATE SKIP LOCKED)
+FROM chosen
+WHERE t.id = chosen.id
 RETURNING t.id
 
 -- name: dead_purge

@@ -244,6 +244,22 @@ def test_first_use_starts_once_and_is_shared(
     assert embedded.stop(settings) is True
 
 
+@pytest.mark.parametrize(
+    "command", [("status",), ("dead", "list"), ("dead", "retry", "--all"), ("cleanup",)]
+)
+def test_read_only_commands_never_start_the_embedded_server(
+    new_home: Callable[[str], Path], command: tuple[str, ...]
+) -> None:
+    home = new_home("untouched-" + "-".join(command))
+    result = _slotd(home, *command)
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "no database configured" in line and "embedded one is not running" in line
+    assert "slotd migrate" in line
+    assert not (home / "pg").exists()  # no initdb, no server
+    assert embedded.status(Settings(home=str(home)))["running"] is False
+
+
 def test_concurrent_first_use_makes_one_server(new_home: Callable[[str], Path]) -> None:
     home = new_home("race")
     procs = [_ensure_in_subprocess(home) for _ in range(2)]

@@ -229,6 +229,31 @@ def test_dead_retry_leaves_a_keyed_row_whose_key_is_live(
     assert row(conn, stale)[0] == 20  # type: ignore[index]
 
 
+def test_dead_retry_revives_one_of_two_dead_letters_sharing_a_key(
+    cli: Any, conn: psycopg.Connection[Any]
+) -> None:
+    older = dead(conn, key="'org:2'")
+    newer = dead(conn, key="'org:2'")
+    other = dead(conn)
+    result = cli("dead", "retry", "--all")
+    assert result.exit_code == 0, result.output  # not a unique violation for the batch
+    assert result.stdout.strip() == "retried 2 dead letters"
+    assert "1 left dead" in result.stderr
+    assert [row(conn, i)[0] for i in (older, newer, other)] == [20, 0, 0]  # type: ignore[index]
+
+
+def test_dead_retry_counts_a_live_row_on_its_final_attempt(
+    cli: Any, conn: psycopg.Connection[Any]
+) -> None:
+    stale = dead(conn, key="'org:3'")
+    # The key's live row: on its final attempt, a worker holding its lease.
+    add(conn, "audit", key="'org:3'", attempt_count="20", lease_token="gen_random_uuid()",
+        lease_expires_at="now() + interval '1 minute'")  # fmt: skip
+    result = cli("dead", "retry", "--all")
+    assert result.stdout.strip() == "retried 0 dead letters"
+    assert row(conn, stale)[0] == 20  # type: ignore[index]
+
+
 @pytest.mark.parametrize(
     "args",
     [

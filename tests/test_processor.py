@@ -78,7 +78,7 @@ def test_sliced_handler_advances_then_continues(
     assert "advanced nothing" not in caplog.text
 
 
-def test_continue_without_advancing_is_released_and_warned(
+def test_continue_without_advancing_is_backed_off_and_warned(
     conn: psycopg.Connection[Any], repo: Repository, caplog: pytest.LogCaptureFixture
 ) -> None:
     reg = Registry()
@@ -86,9 +86,10 @@ def test_continue_without_advancing_is_released_and_warned(
     task_id = slotd.enqueue(conn, "stuck")
     _, settled = run_one(repo, reg)
     assert settled.outcome is Outcome.CONTINUED
-    assert "advanced nothing" in caplog.text
+    assert "advanced nothing; backed off" in caplog.text
     row = fetch(conn, task_id)
     assert row["lease_token"] is None and row["attempt_count"] == 1
+    assert repo.discover(reg.types) == []  # not due again at once: it cannot spin
 
 
 def test_refused_cursor_must_end_as_lost(conn: psycopg.Connection[Any], repo: Repository) -> None:

@@ -34,8 +34,10 @@ class UnknownIds(SlotdError):
 
 @contextmanager
 def _repository(ctx: click.Context, role: str) -> Iterator[Repository]:
+    """Every command here but enqueue works on what is already there: it never starts the
+    embedded server (see db.existing_url)."""
     settings: Settings = ctx.obj
-    url = db.primary_url(settings)
+    url = db.primary_url(settings) if role == "enqueue" else db.existing_url(settings)
     with db.connect(url, role=f"slotd {role}") as conn:
         yield Repository.from_settings(settings, conn)
 

@@ -296,3 +296,15 @@ def die_after(task: slotd.Task, ctx: slotd.Context) -> None:
                 break
             time.sleep(0.02)
     threading.Timer(0.3, os._exit, args=(0,)).start()
+
+
+@registry.handler("rt.loud_error", ceiling=timedelta(seconds=30))
+def loud_error(task: slotd.Task, ctx: slotd.Context) -> None:
+    _record(task, "start")
+    raise RuntimeError("nul\x00here " + "x" * 50_000 + " lone \ud800 surrogate, the end")
+
+
+@registry.handler("rt.stuck_continue", ceiling=timedelta(seconds=30))
+def stuck_continue(task: slotd.Task, ctx: slotd.Context) -> bool:
+    _record(task, "start")
+    return False  # "continue", having saved nothing

@@ -5,9 +5,11 @@ line-buffered), never to the database: the queue's own traffic is what is being 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
+import sys
 import time
 from datetime import timedelta
 from typing import IO
@@ -48,3 +50,25 @@ def stuck(task: slotd.Task, ctx: slotd.Context) -> None:
 @registry.handler("bench.mark", ceiling=timedelta(seconds=30))
 def mark(task: slotd.Task, ctx: slotd.Context) -> None:
     _note("mark", f"{time.time():.6f} {os.getpid()}")
+
+
+@registry.handler("bench.async_noop", ceiling=timedelta(seconds=30))
+async def async_noop(task: slotd.Task, ctx: slotd.Context) -> None:
+    """bench.noop as an async def: the cost of the runner's event loop per task."""
+
+
+def _deadline_line(task: slotd.Task, ctx: slotd.Context) -> None:
+    # On the daemon's stderr, which tests.daemon.Daemon reads line by line.
+    print(f"deadline {task.id} {ctx.deadline.timestamp():.6f}", file=sys.stderr, flush=True)
+
+
+@registry.handler("bench.sleep", ceiling=timedelta(seconds=1))
+def sleep(task: slotd.Task, ctx: slotd.Context) -> None:
+    _deadline_line(task, ctx)
+    time.sleep(3600)  # interrupted in its frame at the deadline
+
+
+@registry.handler("bench.async_sleep", ceiling=timedelta(seconds=1))
+async def async_sleep(task: slotd.Task, ctx: slotd.Context) -> None:
+    _deadline_line(task, ctx)
+    await asyncio.sleep(3600)  # its task cancelled at the deadline
