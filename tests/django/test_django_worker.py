@@ -20,11 +20,12 @@ TESTS = Path(__file__).resolve().parent.parent
 
 
 def test_slotd_run_executes_django_tasks(django_db_url: str) -> None:
-    from django_project.shop.tasks import add, async_double, explode
+    from django_project.shop.tasks import add, async_double, async_where, explode
 
     if not (TESTS.parent / "slotd" / "supervisor.py").exists():
         pytest.skip("slotd run is not available in this checkout")
     summed, doubled, failed = add.enqueue(20, 22), async_double.enqueue(4), explode.enqueue("x")
+    where = async_where.enqueue()
     # No SLOTD_DATABASE_URL: the worker takes Django's DATABASES entry.
     env = {
         **{k: v for k, v in os.environ.items() if k not in ("SLOTD_DATABASE_URL", "DATABASE_URL")},
@@ -53,8 +54,10 @@ def test_slotd_run_executes_django_tasks(django_db_url: str) -> None:
                 add.get_result(summed.id),
                 async_double.get_result(doubled.id),
                 explode.get_result(failed.id),
+                async_where.get_result(where.id),
             ]
-            if all(s.status == TaskResultStatus.SUCCESSFUL for s in states[:2]) and (
+            done = (states[0], states[1], states[3])
+            if all(s.status == TaskResultStatus.SUCCESSFUL for s in done) and (
                 states[2].attempts == 3 and states[2].status == TaskResultStatus.FAILED
             ):
                 break
@@ -64,7 +67,9 @@ def test_slotd_run_executes_django_tasks(django_db_url: str) -> None:
             except subprocess.TimeoutExpired:
                 pass
         assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-        first, second, third = states
+        first, second, third, fourth = states
+        # The async task ran on the runner's own event loop, not on a thread of its own.
+        assert fourth.return_value == "MainThread"
         assert first.return_value == {"sum": 42, "parts": [20, 22]}
         assert second.return_value == 8
         assert third.status == TaskResultStatus.FAILED and third.attempts == 3, third

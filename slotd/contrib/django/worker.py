@@ -137,12 +137,10 @@ def _deliver(backend: Any, result_id: str) -> None:
     task_started.send(sender=sender, task_result=snapshot)
     django_task = snapshot.task
     try:
+        args = snapshot.args
         if django_task.takes_context:
-            value = django_task.call(
-                TaskContext(task_result=snapshot), *snapshot.args, **snapshot.kwargs
-            )
-        else:
-            value = django_task.call(*snapshot.args, **snapshot.kwargs)
+            args = [TaskContext(task_result=snapshot), *args]
+        value = _call(django_task, args, snapshot.kwargs, db)
         value = _json_return(value, django_task.module_path)
     except BaseException as exc:
         prior = results.fail(db, result_id, exc)
@@ -159,6 +157,34 @@ def _deliver(backend: Any, result_id: str) -> None:
         raise
     results.succeed(db, result_id, value)
     task_finished.send(sender=sender, task_result=results.get(db, result_id))
+
+
+def _call(django_task: Any, args: Any, kwargs: Any, db: str) -> Any:
+    """A coroutine task runs on the runner's own event loop (slotd.aio), kept for its life
+    and cancelled at the deadline and at shutdown like any async handler; Task.call would
+    run it on a fresh loop in another thread, where neither reaches it. Inside a caller's
+    atomic block (the test modes) Task.call stays: its ORM calls come back to this thread's
+    connection, the one that sees the caller's uncommitted rows."""
+    from inspect import iscoroutinefunction
+
+    from django.db import connections
+
+    if iscoroutinefunction(django_task.func) and not connections[db].in_atomic_block:
+        from slotd import aio
+
+        return aio.current().run(_acall(django_task, args, kwargs))
+    return django_task.call(*args, **kwargs)
+
+
+async def _acall(django_task: Any, args: Any, kwargs: Any) -> Any:
+    from asgiref.sync import sync_to_async
+
+    # The async ORM runs on asgiref's one sync thread: its connections are recycled there.
+    await sync_to_async(_recycle_connections)()
+    try:
+        return await django_task.acall(*args, **kwargs)
+    finally:
+        await sync_to_async(_recycle_connections)()
 
 
 def _json_return(value: Any, path: str) -> Any:

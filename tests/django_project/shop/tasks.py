@@ -46,6 +46,15 @@ async def async_double(x: int) -> int:
     return 2 * x
 
 
+@task
+async def async_where() -> str:
+    """Which thread an async task's coroutine runs on (the worker's own loop: MainThread)."""
+    import threading
+
+    await Call.objects.acreate(task="async_where")
+    return threading.current_thread().name
+
+
 @task(takes_context=True)
 def attempt_number(context: TaskContext) -> int:
     Call.objects.create(task="attempt_number")
