@@ -22,6 +22,17 @@ _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "ta
 _MARK = "_slotd_handler"
 
 
+class FieldsAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """A logger that adds its fields (e.g. the slot number) to every line while keeping the
+    per-call `extra` (task id, outcome, error...). logging.LoggerAdapter replaces the
+    call's extra with its own, which dropped the task's fields from every settlement line;
+    `merge_extra` only arrives in Python 3.13."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        kwargs["extra"] = {**(self.extra or {}), **(kwargs.get("extra") or {})}
+        return msg, kwargs
+
+
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
     found = {k: v for k, v in record.__dict__.items() if k not in _STANDARD and k[:1] != "_"}
     found.pop("role", None)

@@ -100,7 +100,7 @@ class Slot:
         self.cancel_reason: str | None = None  # an operator cancelled the running task
         self.woken = False  # a wake token that arrived while a task ran
         self.sup_open = True
-        self.log = logging.LoggerAdapter(log, {"slot": spec.number})
+        self.log = logs.FieldsAdapter(log, {"slot": spec.number})
 
     # process set-up and the loop
 

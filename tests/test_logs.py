@@ -5,11 +5,15 @@ from __future__ import annotations
 import io
 import json
 import logging
+import shlex
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+import slotd
 from slotd import logs
+from tests.daemon import Daemon
 
 URL = "postgresql://slotd:hunter2@db.internal:5432/jobs"
 
@@ -112,3 +116,28 @@ def test_configure_twice_replaces_its_own_handler_only(root_restored: None) -> N
 def test_bad_format_is_refused() -> None:
     with pytest.raises(ValueError):
         logs.configure("yaml")
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_daemons_settlement_line_carries_the_task_fields(
+    fmt: str, qconn: Any, db_url: str, daemons: list[Daemon]
+) -> None:
+    """As an operator reads it: a real `slotd run`, a failing handler, its one line."""
+    daemon = Daemon(db_url, slots=1, env={"SLOTD_LOG_FORMAT": fmt})
+    daemons.append(daemon)
+    daemon.start(wait_ready=False)
+    task_id = slotd.enqueue(qconn, "rt.fail")
+    line = daemon.wait_line(rf"rt\.fail#{task_id} attempt 1: failure")
+    if fmt == "json":
+        fields = json.loads(line)
+    else:
+        fields = dict(
+            part.split("=", 1) for part in shlex.split(line.split("  ", 1)[1]) if "=" in part
+        )
+    assert str(fields["task_id"]) == str(task_id)
+    assert fields["task_type"] == "rt.fail"
+    assert str(fields["attempt"]) == "1"
+    assert fields["outcome"] == "failure"
+    assert float(fields["duration"]) >= 0
+    assert fields["error"] == "RuntimeError: attempt 1 failed"
+    assert str(fields["slot"]) == "0"
