@@ -20,20 +20,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--browser", action="store_true", help="also run the headless-Chromium dashboard tests"
     )
+    parser.addoption("--systemd", action="store_true", help="also boot systemd in systemd-nspawn")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "browser: headless Chromium tests (run with --browser)")
+    config.addinivalue_line("markers", "systemd: systemd-nspawn boot tests (run with --systemd)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # A group of its own (tests/browser/run.sh, from .ci/run): a browser, and minutes.
-    if config.getoption("--browser"):
-        return
-    skip = pytest.mark.skip(reason="browser tests run with --browser (tests/browser/run.sh)")
-    for item in items:
-        if "browser" in item.keywords:
-            item.add_marker(skip)
+    # Groups of their own (tests/browser/run.sh, tests/systemd/run.sh, from .ci/run): a
+    # browser, or a booted container, and minutes.
+    groups = {
+        "browser": "browser tests run with --browser (tests/browser/run.sh)",
+        "systemd": "systemd boot tests run with --systemd (tests/systemd/run.sh)",
+    }
+    for marker, reason in groups.items():
+        if config.getoption(f"--{marker}"):
+            continue
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(scope="session")
