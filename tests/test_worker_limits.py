@@ -118,3 +118,34 @@ def test_producer_stamp_is_provisional_unless_explicit(
     for bad in (0, True, "3"):
         with pytest.raises(ValueError, match="max_attempts"):
             slotd.enqueue(conn, "rt.noop", max_attempts=bad)  # type: ignore[arg-type]
+
+
+def test_upgrade_keeps_live_non_default_stamps_and_lets_the_worker_restamp_the_rest(
+    scratch_pg: Any,
+) -> None:
+    from slotd.repository import create_database, migrations
+
+    with psycopg.connect(scratch_pg.server.url(), autocommit=True) as admin:
+        create_database(admin, "slotd_upgrade_004")
+    with psycopg.connect(scratch_pg.server.url("slotd_upgrade_004"), autocommit=True) as conn:
+        for version, _name, body in migrations():
+            if version < 4:  # the schema as a deployment of the previous version has it
+                conn.execute(body)  # type: ignore[arg-type]
+        conn.execute(
+            "INSERT INTO slotd_tasks (task_type, max_attempts, attempt_count) VALUES"
+            " ('audit', 20, 0), ('audit', 3, 1), ('audit', 3, 3)"
+        )
+        conn.execute(next(b for v, _, b in migrations() if v == 4))  # type: ignore[arg-type]
+        rows = conn.execute(
+            "SELECT max_attempts, attempt_count, max_attempts_explicit FROM slotd_tasks ORDER BY id"
+        ).fetchall()
+        # The default stamp is the worker's to replace; a live non-default one was asked for.
+        assert rows == [(20, 0, False), (3, 1, True), (3, 3, False)]
+        for version, _name, body in migrations():
+            if version > 4:  # the rest of this version's schema, for its claim statement
+                conn.execute(body)  # type: ignore[arg-type]
+        reg = slotd.Registry()
+        reg.register("audit", lambda task, ctx: None, ceiling=timedelta(minutes=1))
+        repo = Repository(conn, max_attempts=4)
+        claimed = [repo.claim(repo.discover(reg.types), reg) for _ in range(2)]
+        assert sorted((c.attempt, c.max_attempts) for c in claimed if c) == [(1, 4), (2, 3)]
