@@ -107,3 +107,29 @@ def test_continue_without_advancing_is_backed_off_not_spun(
     daemon.wait_line(rf"rt.stuck_continue#{task_id} attempt 1: continued")
     daemon.wait_line("slice advanced nothing; backed off like a failure")
     assert len(starts(qconn, task_id)) == 1  # not 20 attempts in 150 ms
+
+
+REFUSE_CURSOR = """
+CREATE FUNCTION refuse_cursor() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.payload ? 'refuse' THEN RAISE EXCEPTION 'cursor refused by a trigger'; END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_cursor BEFORE UPDATE ON slotd_tasks
+    FOR EACH ROW EXECUTE FUNCTION refuse_cursor();
+"""
+
+
+def test_a_cursor_the_database_refuses_raises_value_error_in_the_handler(
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+) -> None:
+    qconn.execute(REFUSE_CURSOR)
+    daemon = start(daemons, db_url, slots=1)
+    before = slot_pid(daemon)
+    task_id = slotd.enqueue(qconn, "rt.bad_cursor", {"kind": "refused"})
+    row = wait_for(lambda: settled(qconn, task_id), what="the failure")
+    assert "ValueError: cursor not stored: cursor refused by a trigger" in row["last_error"]
+    assert "bad_cursor" in row["last_error"]  # raised in the handler's frame
+    assert row["payload"] == {"kind": "refused"}
+    daemon.wait_line(rf"rt.bad_cursor#{task_id} attempt 1: failure")
+    assert slot_pid(daemon) == before

@@ -216,6 +216,8 @@ def bad_cursor(task: slotd.Task, ctx: slotd.Context) -> bool:
         ctx.advance_cursor({"at": datetime.now()})
     elif kind == "nul":
         ctx.advance_cursor({"name": "a\x00b"})
+    elif kind == "refused":
+        ctx.advance_cursor({"refuse": True})  # a trigger in the test refuses this one
     return False
 
 
