@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -14,6 +14,7 @@ from slotd.config import max_attempts_value
 from slotd.errors import ConfigError
 
 if TYPE_CHECKING:
+    from slotd.schedule import Schedule
     from slotd.task import Context, Task
 
 HandlerFn = Callable[["Task", "Context"], Any]
@@ -70,6 +71,7 @@ class Registry:
         # Where the application's tasks live, when it knows better than the environment
         # (slotd.contrib.django: the DATABASES entry its backend writes to).
         self.database_url: str | None = None
+        self._schedules: dict[str, Schedule] = {}
 
     def register(
         self,
@@ -121,6 +123,53 @@ class Registry:
             )
 
         return decorate
+
+    def schedule(
+        self,
+        name: str,
+        *,
+        task_type: str,
+        cron: str | None = None,
+        every: timedelta | None = None,
+        payload: Mapping[str, Any] | None = None,
+        timezone: str = "UTC",
+        catch_up: str = "latest",
+        overlap: str = "skip",
+    ) -> Schedule:
+        """Enqueue a `task_type` task at every fire time of `cron` (5 fields, evaluated in
+        `timezone`) or `every` (a timedelta), once for the whole fleet. Declare the handler
+        first: everything is checked here, and bad input raises ValueError now rather than
+        at the first fire. See slotd.schedule for fire times, catch-up and overlap."""
+        from slotd import schedule as schedules  # the cron library only if schedules are used
+
+        if not isinstance(name, str) or not TYPE_NAME.match(name):
+            raise ValueError(
+                f"invalid schedule name {name!r}: the task type name rule applies (lower case "
+                "letters, digits and _ . : -, starting with a letter, at most 128 characters)"
+            )
+        if name in self._schedules:
+            raise ValueError(f"schedule {name!r} is already declared")
+        if task_type not in self._handlers:
+            raise ValueError(
+                f"schedule {name!r}: task type {task_type!r} has no handler in this registry "
+                "(declare the handler first)"
+            )
+        declared = schedules.build(
+            name,
+            task_type=task_type,
+            cron=cron,
+            every=every,
+            payload=payload,
+            timezone=timezone,
+            catch_up=catch_up,
+            overlap=overlap,
+        )
+        self._schedules[name] = declared
+        return declared
+
+    @property
+    def schedules(self) -> list[Schedule]:
+        return [self._schedules[name] for name in sorted(self._schedules)]
 
     def get(self, name: str) -> Handler | None:
         return self._handlers.get(name)

@@ -94,6 +94,7 @@ class Supervisor:
         self.reaps_orphans = os.getpid() == 1
         self.tally = MinuteTally()  # the dashboard's outcome chart, flushed per heartbeat
         self.unflushed: list[Any] = []  # what the heartbeat in flight carries
+        self.schedules: Any = None  # slotd.scheduler.ScheduleThread, when any are declared
 
     # public
 
@@ -106,6 +107,7 @@ class Supervisor:
         self._start_metrics()
         for number in range(self.settings.slots):
             self._spawn(number)
+        self._start_schedules()
         next_tick = time.monotonic() + self.settings.poll_interval.total_seconds()
         next_heartbeat = 0.0
         next_chores = time.monotonic() + 60.0
@@ -600,6 +602,25 @@ class Supervisor:
         self.server = metrics.serve(addr, self.metrics, self._health, self._readiness)
         log.info("metrics on %s/metrics", self.server.url)
 
+    def _start_schedules(self) -> None:
+        """Schedule evaluation runs in a thread of its own, on its own connection: the
+        loop never waits for it. No schedules: no thread, no connection, no statement."""
+        if not self.registry.schedules:
+            return
+        from slotd.scheduler import ScheduleThread
+
+        self.schedules = ScheduleThread(
+            self.registry.schedules, self.settings, self.write_url, self.replica_id
+        )
+        if self.metrics is not None:
+            self.metrics.registry.register(self.schedules.collector())
+        self.schedules.start()
+        log.info(
+            "evaluating %d schedule(s): %s",
+            len(self.registry.schedules),
+            ", ".join(sc.name for sc in self.registry.schedules),
+        )
+
     def _health(self) -> tuple[bool, str]:
         alive = len(self.slots)
         stale = time.monotonic() - self.loop_seen
@@ -622,6 +643,8 @@ class Supervisor:
         return True, "listening"
 
     def _finish(self) -> None:
+        if self.schedules is not None:
+            self.schedules.stop()
         if self.listen_conn is not None:
             try:
                 self.listen_conn.close()

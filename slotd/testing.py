@@ -433,6 +433,7 @@ class ManualQueue:
         self._failures: deque[BaseException] = deque()
         self._last: Claimed | None = None
         self._last_dropped = False
+        self._schedules: Any = None  # slotd.scheduler.Evaluator, once schedules are used
 
     # capture
 
@@ -592,7 +593,42 @@ class ManualQueue:
         if seconds < 0:
             raise ValueError("advance_time(): time only moves forward")
         self._begin()
+        schedules = self._declared()  # declared before the time passes, so it counts
         self.repo.shift_time(seconds)
+        if schedules is not None:
+            schedules.offset += seconds
+
+    # schedules
+
+    def _declared(self) -> Any:
+        if not self.registry.schedules:
+            return None
+        if self._schedules is None:
+            from slotd.scheduler import Evaluator
+
+            self._schedules = Evaluator(
+                self.registry.schedules, "pytest", self.settings.max_attempts
+            )
+            self._schedules.declare(self.repo)
+        return self._schedules
+
+    def fire_schedules(self) -> list[Task]:
+        """Fire the registry's schedules that are due, as a replica would -- the same plan
+        and the same compare-and-set statement -- and return the tasks enqueued, oldest
+        fire time first. Time passes only by advance_time(): the first call (or the first
+        advance_time) creates the schedule rows, so a new schedule has nothing due until
+        time is advanced past its next fire time. The tasks' keys carry their fire times;
+        their run_at is the fire time on the queue's frozen clock (advance_time moves rows
+        back instead of moving the clock forward), so they are due at once."""
+        schedules = self._declared()
+        if schedules is None:
+            return []
+        self._begin()
+        schedules.declare(self.repo)  # reads the clock: now() plus the time advanced
+        fired = schedules.fire_due(self.repo, schedules.clock_read)
+        ids = [task_id for f in fired for task_id in f.task_ids]
+        by_id = {task.id: task for task in self.repo.live_tasks()}
+        return [by_id[task_id] for task_id in ids if task_id in by_id]
 
     # views
 

@@ -1,0 +1,143 @@
+-- Periodic schedules: every statement about slotd_schedules and its declarations, loaded
+-- with queries.sql by slotd/repository.py (predicates from there are spliced in as {name}).
+
+-- name: schedules_declare
+-- A replica's schedule thread, at start and every 30 s: create the rows it declares
+-- (existing ones are rewritten only when the declaration changed, so a steady fleet writes
+-- no schedule row here), record which schedules it declares, and read what it must know to
+-- plan: each row's anchor and last fire, and the database's clock.
+WITH input AS (
+    SELECT * FROM unnest(%(names)s::text[], %(types)s::text[], %(expressions)s::text[],
+                         %(zones)s::text[], %(catch_ups)s::text[])
+        AS i(name, task_type, expression, timezone, catch_up)
+), upsert AS (
+    INSERT INTO slotd_schedules AS s (name, task_type, expression, timezone, catch_up, anchor_at)
+    SELECT i.name, i.task_type, i.expression, i.timezone, i.catch_up,
+           now() + make_interval(secs => %(offset_s)s)
+    FROM input i
+    ORDER BY i.name
+    ON CONFLICT (name) DO UPDATE
+    SET task_type = excluded.task_type, expression = excluded.expression,
+        timezone = excluded.timezone, catch_up = excluded.catch_up
+    WHERE (s.task_type, s.expression, s.timezone, s.catch_up) IS DISTINCT FROM
+          (excluded.task_type, excluded.expression, excluded.timezone, excluded.catch_up)
+    RETURNING s.name, s.anchor_at, s.last_fire_at
+), declared AS (
+    INSERT INTO slotd_schedule_declarations AS r (replica_id, hostname, pid, schedules)
+    VALUES (%(replica_id)s, %(hostname)s, %(pid)s, %(names)s::text[])
+    ON CONFLICT (replica_id) DO UPDATE SET seen_at = now(), schedules = excluded.schedules
+), pruned AS (
+    DELETE FROM slotd_schedule_declarations WHERE seen_at < now() - interval '10 minutes'
+)
+-- A row another replica created after this statement's snapshot reads as NULL here; the
+-- caller declares again (a new statement sees it). offset_s is 0 but in the pytest
+-- plugin's manual mode, whose clock is the frozen now() plus the time advanced.
+SELECT i.name, coalesce(u.anchor_at, s.anchor_at) AS anchor_at,
+       CASE WHEN u.name IS NOT NULL THEN u.last_fire_at ELSE s.last_fire_at END AS last_fire_at,
+       now() + make_interval(secs => %(offset_s)s) AS db_now
+FROM input i
+LEFT JOIN upsert u ON u.name = i.name
+LEFT JOIN slotd_schedules s ON s.name = i.name
+
+-- name: schedules_fire
+-- Fire times become tasks. For each schedule the caller planned from the row's last fire
+-- (`expected`), one compare-and-set: the row is locked, and only if its last fire is still
+-- the expected one and the new one is not in the database's future is it advanced -- in the
+-- same statement, so the same transaction, as the tasks are inserted. Two replicas, a stale
+-- one, or one killed mid-statement can therefore never enqueue a fire time twice, and an
+-- advance that committed always has its tasks. A refused schedule reports the row's current
+-- last fire so the caller plans again from it.
+WITH due AS (
+    SELECT * FROM unnest(%(names)s::text[], %(expected)s::timestamptz[],
+                         %(new_last)s::timestamptz[])
+        AS d(name, expected, new_last)
+), cur AS MATERIALIZED (
+    -- Locked in name order, so replicas firing overlapping sets queue instead of
+    -- deadlocking; FOR UPDATE reads each row's latest committed version, newer than this
+    -- statement's snapshot when another replica just advanced it.
+    SELECT s.name, s.last_fire_at, s.last_task_id,
+           (s.last_fire_at IS NOT DISTINCT FROM d.expected
+            AND d.new_last <= now() + make_interval(secs => %(offset_s)s)) AS ours
+    FROM slotd_schedules s
+    JOIN due d ON d.name = s.name
+    ORDER BY s.name
+    FOR UPDATE OF s
+), fires AS MATERIALIZED (
+    -- The overlap rule "skip": a fire time whose schedule's previous task is still live
+    -- (due, running or backing off) enqueues nothing; the row advances all the same.
+    SELECT f.name, f.fire_at, f.task_type, f.payload, f.key,
+           nextval(pg_get_serial_sequence('slotd_tasks', 'id')) AS new_id
+    FROM unnest(%(f_names)s::text[], %(f_at)s::timestamptz[], %(f_types)s::text[],
+                %(f_payloads)s::jsonb[], %(f_keys)s::text[], %(f_skip_live)s::boolean[])
+        AS f(name, fire_at, task_type, payload, key, skip_live)
+    JOIN cur c ON c.name = f.name AND c.ours
+    WHERE NOT (f.skip_live AND EXISTS (
+        SELECT 1 FROM slotd_tasks t WHERE t.id = c.last_task_id AND {live}))
+), ins AS (
+    -- run_at is the fire time itself, not the moment of this write (manual mode: on the
+    -- queue's frozen clock, like every row it moves back).
+    INSERT INTO slotd_tasks (id, task_type, payload, key, run_at, max_attempts)
+    SELECT f.new_id, f.task_type, f.payload, f.key,
+           f.fire_at - make_interval(secs => %(offset_s)s), %(max_attempts)s
+    FROM fires f
+    ORDER BY f.name, f.fire_at
+    ON CONFLICT (task_type, key) WHERE key IS NOT NULL AND attempt_count < max_attempts
+    DO NOTHING
+    RETURNING id
+), adv AS (
+    UPDATE slotd_schedules s
+    SET last_fire_at = d.new_last,
+        fired_at = now(),
+        last_task_id = coalesce(
+            (SELECT max(i.id) FROM ins i JOIN fires f ON f.new_id = i.id WHERE f.name = s.name),
+            s.last_task_id)
+    FROM cur c
+    JOIN due d ON d.name = c.name
+    WHERE s.name = c.name AND c.ours
+    RETURNING s.name
+), wake AS (
+    SELECT count(*) AS sent FROM (
+        SELECT pg_notify('slotd_wake', '') FROM (SELECT 1 FROM ins LIMIT 1) one
+    ) sent
+)
+SELECT c.name, c.ours,
+       CASE WHEN c.ours THEN d.new_last ELSE c.last_fire_at END AS last_fire_at,
+       coalesce((SELECT array_agg(i.id ORDER BY i.id)
+                 FROM ins i JOIN fires f ON f.new_id = i.id
+                 WHERE f.name = c.name), '{}') AS task_ids,
+       now() + make_interval(secs => %(offset_s)s) AS db_now
+FROM cur c
+JOIN due d ON d.name = c.name
+CROSS JOIN wake
+ORDER BY c.name
+
+-- name: schedules_gone
+DELETE FROM slotd_schedule_declarations WHERE replica_id = %(replica_id)s
+
+-- name: schedules_overview
+-- `slotd schedules`: every row, with the live replicas that declare it (none: orphaned).
+SELECT s.name, s.task_type, s.expression, s.timezone, s.catch_up, s.anchor_at,
+       s.last_fire_at, s.fired_at,
+       coalesce(jsonb_agg(jsonb_build_object('replica_id', r.replica_id,
+                                             'hostname', r.hostname, 'pid', r.pid)
+                          ORDER BY r.hostname, r.pid)
+                FILTER (WHERE r.replica_id IS NOT NULL), '[]'::jsonb) AS declared_by,
+       now() AS db_now
+FROM slotd_schedules s
+LEFT JOIN slotd_schedule_declarations r
+       ON s.name = ANY(r.schedules) AND r.seen_at >= now() - interval '1 minute'
+GROUP BY s.name
+ORDER BY s.name
+
+-- name: schedules_prune
+-- `slotd schedules --prune`: rows no live replica declares. A schedule declared again
+-- later starts afresh from its new row (no catch-up for the time it had no row).
+WITH live AS (
+    SELECT DISTINCT unnest(r.schedules) AS name FROM slotd_schedule_declarations r
+    WHERE r.seen_at >= now() - interval '1 minute'
+), stale AS (
+    DELETE FROM slotd_schedule_declarations WHERE seen_at < now() - interval '1 minute'
+)
+DELETE FROM slotd_schedules s
+WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.name = s.name)
+RETURNING s.name
