@@ -123,9 +123,22 @@ test drives delivery in its own thread and on its own connection::
         assert outbox.count("ada@example.com") == 1     # the handler is idempotent
 
 Verbs: ``capture()``, ``deliver_next()``, ``deliver_all(limit)``, ``redeliver_last()``,
-``fail_next(exc)``, ``drop_next()``, ``expire_leases()``, ``advance_time(delta)``; views:
-``pending()``, ``running()``, ``dead()`` (each a list of ``QueuedTask``: a ``slotd.Task``
-plus ``last_error`` and ``dead``), ``history``. ``Outcome`` is ``from slotd import Outcome``.
+``fail_next(exc)``, ``drop_next()``, ``expire_leases()``, ``advance_time(delta)``,
+``fire_schedules()``; views: ``pending()``, ``running()``, ``dead()`` (each a list of
+``QueuedTask``: a ``slotd.Task`` plus ``last_error`` and ``dead``), ``history``. ``Outcome``
+is ``from slotd import Outcome``.
+
+Schedules (``registry.schedule``) fire only when the test says so, through the daemon's own
+plan and compare-and-set statement::
+
+    task_queue.advance_time(timedelta(minutes=5))      # a 5-minute schedule comes due
+    (task,) = task_queue.fire_schedules()              # enqueued once, oldest fire first
+    assert task_queue.fire_schedules() == []           # that fire time is done
+    task_queue.deliver_all()
+
+The first ``advance_time`` or ``fire_schedules`` creates the schedule rows (a new schedule
+never back-fills); catch-up and the overlap rule apply as in the daemon. Eager mode never
+fires schedules: nothing in it lets time pass.
 
 Time inside a transaction
 -------------------------

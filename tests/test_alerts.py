@@ -93,7 +93,7 @@ def test_promtool_check_rules_accepts_the_shipped_file() -> None:
         [PROMTOOL, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 6 rules found" in proc.stdout
+    assert "SUCCESS: 7 rules found" in proc.stdout
 
 
 def test_every_rule_has_severity_and_operator_annotations() -> None:
@@ -105,6 +105,7 @@ def test_every_rule_has_severity_and_operator_annotations() -> None:
         "SlotdTaskTypeUnhandled",
         "SlotdSlotRestartLoop",
         "SlotdNoReplicas",
+        "SlotdScheduleLate",
     }
     for rule in rules:
         assert rule["labels"]["severity"] in {"page", "ticket"}, rule["alert"]
@@ -144,6 +145,13 @@ def test_every_annotation_of_the_shipped_file_renders(tmp_path: Path) -> None:
             fleet("slotd_slot_restarts_total", "0+1x30", 1, reason="runner_killed"),
             expect("SlotdSlotRestartLoop", "25m"),
         ),
+        case(
+            [
+                *fleet("slotd_schedule_lag_seconds", "0+60x30", schedule="sweep"),
+                *fleet("slotd_schedule_period_seconds", "300x30", schedule="sweep"),
+            ],
+            expect("SlotdScheduleLate", "25m"),
+        ),
     ]
     proc = promtool_test(tmp_path, RULES, *firing)
     output = proc.stdout + proc.stderr
@@ -154,9 +162,10 @@ def test_every_annotation_of_the_shipped_file_renders(tmp_path: Path) -> None:
         "SlotdDeadLettersGrowing",
         "SlotdTaskTypeUnhandled",
         "SlotdSlotRestartLoop",
+        "SlotdScheduleLate",
     ):
         assert f'Labels:{{alertname="{alert}"' in output, output
-    assert output.count("runbook=") == 5, output
+    assert output.count("runbook=") == 6, output
     assert "error expanding template" not in output, output
     assert "{{" not in output and "<no value>" not in output, output
 
@@ -510,4 +519,60 @@ def test_no_replicas_stays_quiet_while_one_replica_reports(tmp_path: Path) -> No
     assert_promtool_passes(
         tmp_path,
         case([*fleet("slotd_task_slots", "4x60", 1)], expect("SlotdNoReplicas", "50m")),
+    )
+
+
+# --- schedules --------------------------------------------------------------------------------
+
+
+def test_schedule_late_fires_past_two_periods_when_no_replica_fires_it(tmp_path: Path) -> None:
+    # A 5-minute schedule whose lag grows a minute per minute on every replica: more than two
+    # periods (600 s) from 11m, pending for 5m, firing from 16m.
+    assert_promtool_passes(
+        tmp_path,
+        case(
+            [
+                *fleet("slotd_schedule_lag_seconds", "0+60x30", schedule="sweep"),
+                *fleet("slotd_schedule_period_seconds", "300x30", schedule="sweep"),
+            ],
+            expect("SlotdScheduleLate", "15m"),
+            expect(
+                "SlotdScheduleLate",
+                "17m",
+                fired("slotd: schedule sweep is 17m 0s late", severity="ticket", schedule="sweep"),
+            ),
+        ),
+    )
+
+
+def test_schedule_late_stays_quiet_while_one_replica_still_fires_it(tmp_path: Path) -> None:
+    # One replica's schedule thread is stuck (its lag grows) but another fires on time.
+    assert_promtool_passes(
+        tmp_path,
+        case(
+            [
+                {"series": 'slotd_schedule_lag_seconds{schedule="sweep",instance="r1"}',
+                 "values": "0+60x40"},
+                {"series": 'slotd_schedule_lag_seconds{schedule="sweep",instance="r2"}',
+                 "values": "0x40"},
+                *fleet("slotd_schedule_period_seconds", "300x40", 2, schedule="sweep"),
+            ],
+            expect("SlotdScheduleLate", "30m"),
+        ),
+    )  # fmt: skip
+
+
+def test_schedule_late_ignores_a_short_period_schedule_a_few_seconds_behind(
+    tmp_path: Path,
+) -> None:
+    # every=1s, 30 s behind for half an hour: thirty periods, but under a minute.
+    assert_promtool_passes(
+        tmp_path,
+        case(
+            [
+                *fleet("slotd_schedule_lag_seconds", "30x40", schedule="tick"),
+                *fleet("slotd_schedule_period_seconds", "1x40", schedule="tick"),
+            ],
+            expect("SlotdScheduleLate", "30m"),
+        ),
     )

@@ -196,3 +196,36 @@ def test_catch_up_is_applied_by_the_statement_path(
     fired = ev.fire_due(repo, db_now(conn))
     count = len(tasks(conn))
     assert count == {"skip": 0, "latest": 1, "all": 5}[policy], fired
+
+
+def test_metrics_show_the_last_fire_and_a_lag_that_grows_while_nothing_fires(
+    conn: psycopg.Connection[Any], repo: Repository
+) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from slotd.metrics import Metrics
+    from slotd.scheduler import ScheduleCollector
+
+    ev = Evaluator(app(period=timedelta(minutes=1)).schedules, "r", 20)
+    metrics = Metrics(1, ["audit"], None)
+    metrics.registry.register(ScheduleCollector(ev))
+
+    def gauges() -> dict[str, float]:
+        found = {}
+        for family in text_string_to_metric_families(metrics.render().decode()):
+            for sample in family.samples:
+                if sample.name.startswith("slotd_schedule_"):
+                    assert sample.labels == {"schedule": "tick"}
+                    found[sample.name] = sample.value
+        return found
+
+    assert gauges() == {}  # nothing known before the first statement
+    ev.declare(repo)
+    ev.offset += 60
+    (fired,) = ev.fire_due(repo, db_now(conn) + timedelta(seconds=ev.offset))
+    seen = gauges()
+    assert seen["slotd_schedule_last_fire_timestamp_seconds"] == fired.fire_times[-1].timestamp()
+    assert seen["slotd_schedule_lag_seconds"] < 5
+    assert seen["slotd_schedule_period_seconds"] == 60
+    ev._mono_at -= 180  # three minutes pass and this replica runs no statement
+    assert gauges()["slotd_schedule_lag_seconds"] > 100
