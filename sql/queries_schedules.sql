@@ -114,3 +114,34 @@ JOIN due d ON d.name = c.name
 LEFT JOIN enqueued e ON e.name = c.name
 CROSS JOIN wake
 ORDER BY c.name
+
+-- name: schedules_gone
+DELETE FROM slotd_schedule_declarations WHERE replica_id = %(replica_id)s
+
+-- name: schedules_overview
+-- `slotd schedules`: every row, with the live replicas that declare it (none: orphaned).
+SELECT s.name, s.task_type, s.expression, s.timezone, s.catch_up, s.anchor_at,
+       s.last_fire_at, s.fired_at,
+       coalesce(jsonb_agg(jsonb_build_object('replica_id', r.replica_id,
+                                             'hostname', r.hostname, 'pid', r.pid)
+                          ORDER BY r.hostname, r.pid)
+                FILTER (WHERE r.replica_id IS NOT NULL), '[]'::jsonb) AS declared_by,
+       now() AS db_now
+FROM slotd_schedules s
+LEFT JOIN slotd_schedule_declarations r
+       ON s.name = ANY(r.schedules) AND r.seen_at >= now() - interval '1 minute'
+GROUP BY s.name
+ORDER BY s.name
+
+-- name: schedules_prune
+-- `slotd schedules --prune`: rows no live replica declares. A schedule declared again
+-- later starts afresh from its new row (no catch-up for the time it had no row).
+WITH live AS (
+    SELECT DISTINCT unnest(r.schedules) AS name FROM slotd_schedule_declarations r
+    WHERE r.seen_at >= now() - interval '1 minute'
+), stale AS (
+    DELETE FROM slotd_schedule_declarations WHERE seen_at < now() - interval '1 minute'
+)
+DELETE FROM slotd_schedules s
+WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.name = s.name)
+RETURNING s.name

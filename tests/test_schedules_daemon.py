@@ -204,3 +204,25 @@ def test_slotd_schedules_json_shows_last_and_next_fire_and_orphans(
     )
     assert pruned.returncode == 0 and "pruned 2 orphaned schedules" in pruned.stdout
     assert schedules_json(db_url) == []
+
+
+def test_a_replica_without_schedules_opens_no_connection_and_declares_nothing(
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+) -> None:
+    sessions = (
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name = %s"
+    )
+    plain = Daemon(db_url, slots=1)  # tests.apps.runtime: handlers only
+    daemons.append(plain)
+    plain.start()
+    assert qconn.execute(sessions, ("slotd schedules",)).fetchone() == (0,)
+    assert qconn.execute("SELECT count(*) FROM slotd_schedule_declarations").fetchone() == (0,)
+    with_one = replica(db_url, [{"name": "tick", "every": 60}])
+    daemons.append(with_one)
+    with_one.start()
+    wait_for(
+        lambda: qconn.execute(sessions, ("slotd schedules",)).fetchone() == (1,),
+        what="the schedule thread's own connection",
+    )
+    assert "supervisor evaluating 1 schedule(s): tick" in "\n".join(with_one.lines)

@@ -172,7 +172,8 @@ def report(evals: list[dict[str, Any]], idles: list[dict[str, Any]], args: Any) 
         "",
         f"`python tests/bench/schedules.py --idle-seconds {args.idle_seconds:g} "
         f"--rounds {args.rounds}`; {os.cpu_count()} vCPU shared with other work; private "
-        "PostgreSQL 15 (fsync off), pg_stat_statements track=top counting every statement.",
+        "PostgreSQL 15 (fsync and synchronous_commit on), pg_stat_statements track=top counting "
+        "every statement; the suite of another engineer may be running alongside.",
         "",
         "| schedules due each second | replicas | statements per evaluation | fleet-wide per "
         "fire time | fire statement mean | evaluation p50 (wall) |",
