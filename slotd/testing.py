@@ -625,7 +625,7 @@ class ManualQueue:
             self._schedules.declare(self.repo)
         return self._schedules
 
-    def fire_schedules(self) -> list[Task]:
+    def fire_schedules(self) -> list[QueuedTask]:
         """Fire the registry's schedules that are due, as a replica would -- the same plan
         and the same compare-and-set statement -- and return the tasks enqueued, oldest
         fire time first. Time passes only by advance_time(): the first call (or the first
@@ -640,7 +640,7 @@ class ManualQueue:
         schedules.declare(self.repo)  # reads the clock: now() plus the time advanced
         fired = schedules.fire_due(self.repo, schedules.clock_read)
         ids = [task_id for f in fired for task_id in f.task_ids]
-        by_id = {task.id: task for task in self.repo.live_tasks()}
+        by_id = {task.id: task for task in self.pending()}
         return [by_id[task_id] for task_id in ids if task_id in by_id]
 
     # views
