@@ -98,10 +98,12 @@ application uses to hand connections out::
     def handlers_use_the_test_connection(slotd_conn, monkeypatch):
         monkeypatch.setattr(myapp.db, "connection", lambda: contextlib.nullcontext(slotd_conn))
 
-That wait cannot hang a test: while a handler runs, a watcher asks PostgreSQL whether any
-session is waiting for a lock the test's connection holds; if one is, slotd cancels that
-statement (the handler fails with QueryCanceled) and the delivery raises ``BlockedByTest``
-(a ``TaskFailed``) saying so, whatever ``propagate`` says.
+That wait cannot hang a test: while a handler runs, a watcher asks PostgreSQL whether one
+of the handler's own sessions (a psycopg connection on the handler's stack) is waiting for a
+lock the test's connection holds; if one is, slotd cancels that statement (the handler
+fails with QueryCanceled) and the delivery raises ``BlockedByTest`` (a ``TaskFailed``)
+saying so, whatever ``propagate`` says. Sessions of other processes waiting for the test
+(a parallel test on a shared database) are left alone.
 
 Manual mode
 -----------
@@ -171,6 +173,7 @@ from __future__ import annotations
 import copy
 import importlib
 import logging
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -259,6 +262,7 @@ class _LockWatch:
         )
         self.grace, self.every = grace, every
         self.blocked: list[int] = []
+        self._handler_thread = threading.get_ident()  # the handler runs where we are made
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="slotd-lock-watch", daemon=True)
 
@@ -276,15 +280,34 @@ class _LockWatch:
         try:
             with psycopg.connect(self.conninfo, autocommit=True) as watcher:
                 while not self._done.wait(self.every):
-                    for pid in repository.waiting_for(watcher, self.holder):
-                        self.blocked.append(pid)
-                        repository.cancel_backend(watcher, pid)
+                    waiting = repository.waiting_for(watcher, self.holder)
+                    # Only the handler's own sessions: another process's session waiting
+                    # for the test (a parallel test on a shared database) is none of ours.
+                    mine = self._handler_sessions() if waiting else set()
+                    for pid in waiting:
+                        if pid in mine:
+                            self.blocked.append(pid)
+                            repository.cancel_backend(watcher, pid)
         except psycopg.Error:
             log.warning(
                 "slotd lock watch could not connect; a handler blocked on the "
                 "test's locks would hang",
                 exc_info=True,
             )
+
+    def _handler_sessions(self) -> set[int]:
+        """Backend pids of the psycopg connections on the handler thread's stack right now
+        (the one it is blocked in among them)."""
+        frame = sys._current_frames().get(self._handler_thread)
+        pids: set[int] = set()
+        while frame is not None:
+            for value in list(frame.f_locals.values()):
+                conn = value.connection if isinstance(value, psycopg.Cursor) else value
+                if isinstance(conn, psycopg.Connection) and not conn.closed:
+                    pids.add(conn.pgconn.backend_pid)
+            frame = frame.f_back
+        pids.discard(self.holder)
+        return pids
 
     def check(self, task: Task, settlement: Settlement) -> Settlement:
         if not self.blocked:

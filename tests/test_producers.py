@@ -211,3 +211,50 @@ def test_sqlalchemy_async_session_and_connection(db_url: str) -> None:
 
     ids = asyncio.run(main())
     assert [(r[0], r[2]["via"]) for r in rows(db_url)] == [(ids[0], "session"), (ids[1], "conn")]
+
+
+def test_the_readmes_asyncio_and_sqlalchemy_snippet_runs_as_written(db_url: str) -> None:
+    pytest.importorskip("sqlalchemy", minversion="2.0")
+    pytest.importorskip("greenlet")
+    import re
+    import textwrap
+
+    from sqlalchemy import create_engine
+    from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
+    from sqlalchemy.orm import Session
+
+    from examples.fastapi_app.models import Base, Signup
+
+    readme = (ROOT / "README.md").read_text()
+    [block] = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "aconn" in b]
+    source = "async def snippet():\n" + textwrap.indent(block, "    ")
+    engine = create_engine(sa_url(db_url))
+    Base.metadata.create_all(engine)
+
+    async def main() -> None:
+        aengine = create_async_engine(sa_url(db_url))
+        namespace: dict[str, Any] = {
+            "slotd": slotd,
+            "Session": Session,
+            "engine": engine,
+            "signup": Signup(email="ada@example.com"),
+            "async_session": async_sessionmaker(aengine),
+        }
+        try:
+            async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as aconn:
+                namespace["aconn"] = aconn
+                exec(source, namespace)  # noqa: S102 - the README's own code
+                await namespace["snippet"]()
+        finally:
+            await aengine.dispose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.dispose()
+    assert [r[2] for r in rows(db_url)] == [
+        {"signup_id": 7},
+        {"signup_id": 8},
+        {"signup_id": 1},
+        {"signup_id": 7},
+    ]

@@ -557,6 +557,46 @@ def test_a_handler_blocked_by_the_tests_transaction_fails_instead_of_hanging(
     assert notes == []
 
 
+@registry.handler("nap", ceiling=MINUTE)
+def nap(task: slotd.Task, ctx: slotd.Context) -> None:
+    import time
+
+    time.sleep(task.payload["s"])  # past the lock watch's grace
+    notes.append("napped")
+
+
+def test_the_lock_watch_leaves_other_sessions_waiting_for_the_test_alone(db_url: str) -> None:
+    import threading
+
+    with psycopg.connect(db_url, autocommit=True) as setup:
+        setup.execute("CREATE TABLE accounts (id int PRIMARY KEY, touched bool)")
+        setup.execute("INSERT INTO accounts VALUES (1, false)")
+    outcome: list[Any] = []
+
+    def other_test() -> None:  # a parallel test's session, not the handler's
+        try:
+            with psycopg.connect(db_url, autocommit=True) as other:
+                other.execute("UPDATE accounts SET touched = true WHERE id = 1")
+            outcome.append("updated")
+        except psycopg.Error as exc:
+            outcome.append(exc)
+
+    with psycopg.connect(db_url) as conn, psycopg.connect(db_url, autocommit=True) as watcher:
+        with conn.transaction(force_rollback=True):
+            conn.execute("UPDATE accounts SET touched = false WHERE id = 1")
+            thread = threading.Thread(target=other_test)
+            thread.start()
+            wait = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            for _ in range(3000):  # waits for a state, not for time
+                if watcher.execute(wait).fetchone() != (0,):
+                    break
+                thread.join(0.01)
+            with eager(registry, conn, propagate=True):
+                slotd.enqueue(conn, "nap", {"s": 1.0})
+        thread.join(30)
+    assert outcome == ["updated"] and notes == ["napped"]
+
+
 def test_eager_refuses_an_async_enqueue_with_a_reason(
     slotd_conn: psycopg.Connection[Any], db_url: str
 ) -> None:
