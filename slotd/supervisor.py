@@ -368,8 +368,13 @@ class Supervisor:
         kind = SHUTDOWN if stopping else CRASHED
 
         def job() -> tuple[Claimed, str]:
+            repo = chores.repo()
             result = Result(kind, "its slot died")
-            settled = settle(chores.repo(), lease, result, shutting_down=stopping, logger=log)
+            # A slot killed while it stopped a cancelled task: settle it as the cancel.
+            cancelled = repo.cancel_reason(lease.id, lease.token)
+            settled = settle(
+                repo, lease, result, shutting_down=stopping, logger=log, cancelled_by=cancelled
+            )
             return lease, str(settled.outcome)
 
         chores.post("settle_orphan", job)

@@ -269,3 +269,18 @@ def test_cancel_racing_claims_of_a_live_daemon_never_lets_an_attempt_start_after
         (every,),
     ).fetchall()
     assert left == []  # whatever is left of them is a cancelled dead letter
+
+
+def test_a_slot_that_dies_while_stopping_a_cancelled_task_is_settled_as_the_cancel(
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+) -> None:
+    daemon = start(daemons, db_url, slots=1)
+    task_id = slotd.enqueue(qconn, "rt.polite")
+    wait_for(lambda: executions(qconn, task_id), what="the handler to start")
+    slot = wait_for(lambda: daemon.titled("slot 0 running"), what="the busy slot")[0]
+    slot.suspend()  # it cannot act on the cancel...
+    cancel_now(qconn, task_id)
+    slot.kill()  # ...and dies holding the lease: its supervisor settles it
+    wait_for(lambda: settled_cancelled(qconn, task_id), what="the supervisor's settlement")
+    daemon.wait_line(rf"rt\.polite#{task_id} attempt 1: cancelled .*not retried")
+    assert row_of(qconn, task_id)["last_error"].startswith("cancelled by tester@tests")
