@@ -20,12 +20,16 @@ CREATE INDEX IF NOT EXISTS slotd_tasks_due_by_type ON slotd_tasks (task_type, ru
     INCLUDE (lease_expires_at)
     WHERE attempt_count < max_attempts;
 
--- The dead-letter list, newest first across all types (the dashboard's and `slotd dead
--- list`'s order: when each stopped), read from an index instead of sorting every dead
--- letter. Only rows at the attempt threshold enter it, so the enqueue/claim/settle path
--- never touches it.
+-- The dead-letter list, newest first (the dashboard's and `slotd dead list`'s order: when
+-- each stopped), read from an index instead of sorting every dead letter: 600,000 of them
+-- took 400 ms to sort, per page load. One index for all types, one per type. Only rows at
+-- the attempt threshold enter them, so enqueue, claim and settle never touch them.
 CREATE INDEX slotd_tasks_dead_recent
-    ON slotd_tasks ((coalesce(cancelled_at, last_attempted_at)) DESC, id DESC)
+    ON slotd_tasks ((coalesce(cancelled_at, last_attempted_at)) DESC NULLS LAST, id DESC)
+    WHERE attempt_count >= max_attempts;
+CREATE INDEX slotd_tasks_dead_recent_by_type
+    ON slotd_tasks (task_type, (coalesce(cancelled_at, last_attempted_at)) DESC NULLS LAST,
+                    id DESC)
     WHERE attempt_count >= max_attempts;
 
 -- Which slot of which replica holds which lease, as of that replica's last heartbeat

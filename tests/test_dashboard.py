@@ -24,7 +24,7 @@ with warnings.catch_warnings():
 
 import slotd  # noqa: E402
 from slotd.cli import main  # noqa: E402
-from slotd.repository import DashboardReads, Repository  # noqa: E402
+from slotd.repository import DashboardReads, Repository, statements  # noqa: E402
 from slotd.web import create_app  # noqa: E402
 from slotd.web.settings import DashboardSettings  # noqa: E402
 
@@ -330,3 +330,37 @@ def test_cli_refuses_public_address_without_auth(db_url: str) -> None:
         main, ["dashboard", "--addr", "nope"], env={"SLOTD_DATABASE_URL": db_url}
     )
     assert bad.exit_code == 2 and "bad --addr" in bad.stderr
+
+
+def test_dashboard_statements_never_scan_the_table(conn: Any) -> None:
+    """Every page's statements read indexes, at any size: pinned on 20,000 rows, where a
+    sequential scan and a sort would already be the planner's choice without them."""
+    conn.execute(
+        "INSERT INTO slotd_tasks (task_type, key, attempt_count, max_attempts, "
+        "last_attempted_at, run_at) "
+        "SELECT 'type_' || g % 7, 'k' || g, CASE WHEN g % 3 = 0 THEN 0 ELSE 20 END, 20, "
+        "now() - g * interval '1 second', now() + g * interval '1 second' "
+        "FROM generate_series(1, 20000) g"
+    )
+    conn.execute("VACUUM (ANALYZE) slotd_tasks")
+    types = [f"type_{n}" for n in range(7)]
+    checks = {
+        "dash_types": {"limit": 500},
+        "dash_counts": {"types": types, "cap": 10_000},
+        "dash_running": {"margin_s": 30.0, "limit": 200},
+        "dash_task": {"id": 5},
+        "dash_dead_count": {"task_type": None, "cap": 10_000},
+    }
+    for task_type in (None, "type_3"):
+        checks[f"dead_list {task_type}"] = {
+            "task_type": task_type, "ids": None, "limit": 100, "key": None, "key_types": types,
+        }  # fmt: skip
+    checks["dead_list key"] = {
+        "task_type": None, "ids": None, "limit": 100, "key": "k7", "key_types": types,
+    }  # fmt: skip
+    for label, params in checks.items():
+        sql = statements()[label.split()[0]]
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql, params).fetchall())
+        assert "Seq Scan on slotd_tasks" not in plan, (label, plan)
+        if label.startswith("dead_list") and label != "dead_list key":  # a key: a few rows
+            assert "Sort Key: (COALESCE" not in plan, (label, plan)  # the listing's order

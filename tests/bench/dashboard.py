@@ -157,7 +157,7 @@ def main() -> None:
                     f"\n## {stamp} — `python tests/bench/dashboard.py --rows {args.rows} "
                     f"--runs {args.runs}`\n\nDashboard page loads over HTTP from `slotd "
                     "dashboard` (uvicorn, loopback, no auth) and the statements each page runs "
-                    "(timed in-process).\n\n" + "\n".join(out) + "\n"
+                    "(timed in-process, one execution each).\n\n" + "\n".join(out) + "\n"
                 )
     finally:
         if web is not None:
