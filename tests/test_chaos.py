@@ -53,19 +53,30 @@ def test_chaos_run_loses_nothing_and_counts_every_fault(
             timeout=60,
             what="every task done despite the faults",
         )
-        body = urllib.request.urlopen(url, timeout=5).read().decode()
-        counted = {
-            line.split('kind="')[1].split('"')[0]: float(line.split()[-1])
-            for line in body.splitlines()
-            if line.startswith("slotd_faults_injected_total{")
-        }
+
+        # A crashed attempt's outcome reaches the supervisor after its slot has forked the
+        # next runner, so it can trail the empty queue: await the counts, do not read once.
+        def scrape() -> tuple[dict[str, float], float]:
+            body = urllib.request.urlopen(url, timeout=5).read().decode()
+            counted = {
+                line.split('kind="')[1].split('"')[0]: float(line.split()[-1])
+                for line in body.splitlines()
+                if line.startswith("slotd_faults_injected_total{")
+            }
+            outcomes = sum(
+                float(line.split()[-1])
+                for line in body.splitlines()
+                if line.startswith("slotd_task_outcomes_total{")
+                and ('outcome="failure"' in line or 'outcome="crashed"' in line)
+            )
+            return counted, outcomes
+
+        def settled_up() -> tuple[dict[str, float], float] | None:
+            counted, outcomes = scrape()
+            return (counted, outcomes) if outcomes == counted["error"] + counted["crash"] else None
+
+        counted, outcomes = wait_for(settled_up, timeout=20, what="every fault's outcome counted")
         assert counted["error"] > 0 and counted["crash"] > 0
-        outcomes = sum(
-            float(line.split()[-1])
-            for line in body.splitlines()
-            if line.startswith("slotd_task_outcomes_total{")
-            and ('outcome="failure"' in line or 'outcome="crashed"' in line)
-        )
         assert outcomes == counted["error"] + counted["crash"]
     finally:
         daemon.close()
