@@ -112,6 +112,11 @@ def _duration(name: str, default: str) -> timedelta:
     return parse_duration(_env(name) or default, name=name)
 
 
+def priority_step() -> timedelta:
+    """SLOTD_PRIORITY_STEP: read by producers at every enqueue and by workers at start."""
+    return _duration("SLOTD_PRIORITY_STEP", "1s")
+
+
 DEFAULT_KILL_GRACE = timedelta(seconds=5)
 
 
@@ -150,6 +155,9 @@ class Settings:
     lock_timeout: timedelta = timedelta(seconds=5)
     synchronous_commit: bool = True  # off: the queue's own writes only, see sql/queries.sql
     discovery_batch: int = 20
+    # A priority point is this much head start. Stamped by the producer at enqueue; a
+    # worker uses its own only to bound its scans (keep it the same fleet-wide).
+    priority_step: timedelta = timedelta(seconds=1)
     metrics_addr: str = "127.0.0.1:9464"
     home: str | None = None
     log_format: str = "text"
@@ -179,6 +187,7 @@ class Settings:
             heartbeat_interval=_duration("SLOTD_HEARTBEAT_INTERVAL", "30s"),
             lock_timeout=_duration("SLOTD_LOCK_TIMEOUT", "5s"),
             synchronous_commit=_on_off("SLOTD_SYNCHRONOUS_COMMIT", True),
+            priority_step=priority_step(),
             metrics_addr=_env("SLOTD_METRICS_ADDR") or "127.0.0.1:9464",
             home=_env("SLOTD_HOME"),
             log_format=(_env("SLOTD_LOG_FORMAT") or "text"),

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from slotd import repository
-from slotd.config import max_attempts_from_env, max_attempts_value
+from slotd.config import max_attempts_from_env, max_attempts_value, priority_step
 from slotd.repository import NewTask
 from slotd.targets import async_target, sync_target
 
@@ -63,7 +63,9 @@ def enqueue_many(
     `conn`: a psycopg Connection or Cursor, or a SQLAlchemy Session or Connection on the
     psycopg driver (the rows join the session's transaction: its commit commits them)."""
     target = sync_target(conn, "slotd.enqueue_many")
-    ids = repository.enqueue_many(target, items, **_attempts(max_attempts))
+    ids = repository.enqueue_many(
+        target, items, **_attempts(max_attempts), priority_step=priority_step()
+    )
     _announce(target, ids)
     return ids
 
@@ -76,10 +78,14 @@ def enqueue(
     delay: timedelta | float | None = None,
     key: str | None = None,
     max_attempts: int | None = None,
+    priority: int = 0,
+    group: str | None = None,
 ) -> int:
-    """Write one task and return its id, or the id of the live row with the same key."""
+    """Write one task and return its id, or the id of the live row with the same key.
+    `priority` (-100..100, higher sooner) is a head start of priority x SLOTD_PRIORITY_STEP;
+    `group` is what max_running_per_group counts."""
     target = sync_target(conn, "slotd.enqueue")
-    new = NewTask(task_type, payload, delay, key)
+    new = NewTask(task_type, payload, delay, key, priority, group)
     return enqueue_many(target, [new], max_attempts=max_attempts)[0]
 
 
@@ -89,7 +95,9 @@ async def enqueue_many_async(
     """enqueue_many from asyncio: a psycopg AsyncConnection or AsyncCursor, or a SQLAlchemy
     AsyncSession or AsyncConnection on the psycopg driver. Same statement, same rules."""
     target = await async_target(conn, "slotd.enqueue_many_async")
-    ids = await repository.enqueue_many_async(target, items, **_attempts(max_attempts))
+    ids = await repository.enqueue_many_async(
+        target, items, **_attempts(max_attempts), priority_step=priority_step()
+    )
     _announce(target, ids)
     return ids
 
@@ -102,8 +110,10 @@ async def enqueue_async(
     delay: timedelta | float | None = None,
     key: str | None = None,
     max_attempts: int | None = None,
+    priority: int = 0,
+    group: str | None = None,
 ) -> int:
     """enqueue from asyncio; see enqueue_many_async."""
     target = await async_target(conn, "slotd.enqueue_async")
-    new = NewTask(task_type, payload, delay, key)
+    new = NewTask(task_type, payload, delay, key, priority, group)
     return (await enqueue_many_async(target, [new], max_attempts=max_attempts))[0]

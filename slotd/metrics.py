@@ -32,7 +32,7 @@ from prometheus_client.registry import Collector
 from slotd import db
 from slotd.errors import ConfigError
 from slotd.outcome import Outcome
-from slotd.repository import Repository, execute
+from slotd.repository import Limits, Repository, execute
 
 log = logging.getLogger("slotd.metrics")
 
@@ -71,8 +71,13 @@ class DbGaugeSource:
         *,
         statement_timeout: timedelta = timedelta(seconds=5),
         connect_timeout: int = 3,
+        limits: Limits | None = None,
+        priority_step: timedelta = timedelta(seconds=1),
     ) -> None:
         self._url = url
+        # This replica's limits: work held back only by them is not "waiting" (oldest due).
+        self._limits = dict(limits or {})
+        self._priority_step = priority_step
         self._connect_timeout = connect_timeout
         # Shorter than Prometheus's default 10 s scrape timeout, so a slow primary shows
         # up as a failed refresh rather than a scrape that never answers.
@@ -94,7 +99,8 @@ class DbGaugeSource:
                 with conn.transaction():
                     execute(conn, "bound", self._bounds)
                     execute(conn, "gauges_serial")
-                    return Repository(conn).gauges()
+                    repo = Repository(conn, priority_step=self._priority_step)
+                    return repo.gauges(self._limits)
             except Exception:
                 self._drop()
                 raise
@@ -256,6 +262,7 @@ class Metrics:
         *,
         max_stale: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        limits: Limits | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.task_types = list(task_types)
@@ -300,6 +307,23 @@ class Metrics:
         self._faults = Counter(
             "slotd_faults_injected", "Faults injected (staging chaos)", ["kind"], registry=reg
         )
+        self._limit = Gauge(
+            "slotd_task_type_limit",
+            "max_running of a limited task type on this replica (fleet-wide limit)",
+            ["task_type"],
+            registry=reg,
+        )
+        self._group_limit = Gauge(
+            "slotd_task_group_limit",
+            "max_running_per_group of a task type limited per group",
+            ["task_type"],
+            registry=reg,
+        )
+        for task_type, (most, per_group) in (limits or {}).items():
+            if most is not None:
+                self._limit.labels(task_type).set(most)
+            if per_group is not None:
+                self._group_limit.labels(task_type).set(per_group)
         for task_type in self.task_types:
             self._handlers.labels(task_type).set(1)
             self._duration.labels(task_type)

@@ -46,10 +46,18 @@ class Handler:
     max_attempts: int | None = None
     backoff_base: timedelta | None = None
     backoff_cap: timedelta | None = None
+    # Fleet-wide: at most this many of the type (of one group) under a live lease at once.
+    max_running: int | None = None
+    max_running_per_group: int | None = None
 
     def limits(self) -> tuple[int | None, float | None, float | None]:
         """As plain numbers, for the runner's hello to its slot."""
         return (self.max_attempts, _seconds(self.backoff_base), _seconds(self.backoff_cap))
+
+    @property
+    def limited(self) -> bool:
+        """Under a concurrency limit (max_running or max_running_per_group)."""
+        return self.max_running is not None or self.max_running_per_group is not None
 
 
 def _seconds(value: timedelta | None) -> float | None:
@@ -59,6 +67,14 @@ def _seconds(value: timedelta | None) -> float | None:
 def _positive(value: object, what: str) -> timedelta | None:
     if value is not None and (not isinstance(value, timedelta) or value <= timedelta(0)):
         raise ValueError(f"{what} must be a positive timedelta, not {value!r}")
+    return value
+
+
+def _limit(name: str, option: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"task type {name!r}: {option} must be a whole number of at least 1")
     return value
 
 
@@ -82,9 +98,12 @@ class Registry:
         max_attempts: int | None = None,
         backoff_base: timedelta | None = None,
         backoff_cap: timedelta | None = None,
+        max_running: int | None = None,
+        max_running_per_group: int | None = None,
     ) -> HandlerFn:
         """`max_attempts`, `backoff_base`, `backoff_cap` override the worker's settings for
-        this type; the worker that claims a task stamps its threshold on the row."""
+        this type; the worker that claims a task stamps its threshold on the row.
+        `max_running` / `max_running_per_group`: fleet-wide concurrency limits."""
         validate_type_name(name)
         if name in self._handlers:
             raise ValueError(f"task type {name!r} is already registered")
@@ -99,7 +118,15 @@ class Registry:
         if backoff_base and backoff_cap and backoff_cap < backoff_base:
             raise ValueError(f"task type {name!r}: backoff_cap is shorter than backoff_base")
         self._handlers[name] = Handler(
-            name, fn, ceiling, is_async(fn), max_attempts, backoff_base, backoff_cap
+            name,
+            fn,
+            ceiling,
+            is_async(fn),
+            max_attempts,
+            backoff_base,
+            backoff_cap,
+            _limit(name, "max_running", max_running),
+            _limit(name, "max_running_per_group", max_running_per_group),
         )
         return fn
 
@@ -111,6 +138,8 @@ class Registry:
         max_attempts: int | None = None,
         backoff_base: timedelta | None = None,
         backoff_cap: timedelta | None = None,
+        max_running: int | None = None,
+        max_running_per_group: int | None = None,
     ) -> Callable[[HandlerFn], HandlerFn]:
         def decorate(fn: HandlerFn) -> HandlerFn:
             return self.register(
@@ -120,6 +149,8 @@ class Registry:
                 max_attempts=max_attempts,
                 backoff_base=backoff_base,
                 backoff_cap=backoff_cap,
+                max_running=max_running,
+                max_running_per_group=max_running_per_group,
             )
 
         return decorate
@@ -199,6 +230,11 @@ class Registry:
     @property
     def limits(self) -> list[tuple[int | None, float | None, float | None]]:
         return [self._handlers[name].limits() for name in self.types]
+
+    @property
+    def concurrency_limits(self) -> dict[str, tuple[int | None, int | None]]:
+        """(max_running, max_running_per_group) of the limited types only."""
+        return {h.name: (h.max_running, h.max_running_per_group) for h in self if h.limited}
 
 
 def load_registry(spec: str) -> Registry:

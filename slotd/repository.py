@@ -111,36 +111,66 @@ def _seconds(delay: timedelta | float | int | None) -> float:
     return delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
 
 
+PRIORITY_RANGE = range(-100, 101)
+# The largest head start is this many steps: what bounds a scan in delivery order.
+PRIORITY_SPAN = 100
+
+
 @dataclass(frozen=True)
 class NewTask:
     task_type: str
     payload: Mapping[str, Any] | None = None
     delay: timedelta | float | None = None
     key: str | None = None
+    priority: int = 0
+    group: str | None = None
+
+
+def _priority(value: object, task_type: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value not in PRIORITY_RANGE:
+        raise ValueError(
+            f"task {task_type!r}: priority must be a whole number from -100 to 100, got {value!r}"
+        )
+    return value
 
 
 def enqueue_params(
-    items: Iterable[NewTask | tuple[Any, ...]], *, max_attempts: int = 20, explicit: bool = False
+    items: Iterable[NewTask | tuple[Any, ...]],
+    *,
+    max_attempts: int = 20,
+    explicit: bool = False,
+    priority_step: timedelta = timedelta(seconds=1),
 ) -> dict[str, Any] | None:
     """The `enqueue` statement's parameters, or None for no items. The one place producer
     input is validated (the sync and asyncio paths share it): everything is checked before
-    anything is sent, so bad input leaves the caller's transaction untouched."""
+    anything is sent, so bad input leaves the caller's transaction untouched. A task of
+    priority p is ordered as if it had become due p x priority_step earlier (the
+    producer's step, stamped on the row)."""
     rows = [item if isinstance(item, NewTask) else NewTask(*item) for item in items]
     if not rows:
         return None
-    types, payloads, keys, delays = [], [], [], []
+    step = priority_step.total_seconds()
+    types, payloads, keys, delays, priorities, groups, leads = [], [], [], [], [], [], []
     for row in rows:
         types.append(validate_type_name(row.task_type))
         payloads.append(_json_object(row.payload, row.task_type))
         if row.key is not None and not isinstance(row.key, str):
             raise TypeError(f"task {row.task_type!r}: key must be a string")
+        if row.group is not None and not isinstance(row.group, str):
+            raise TypeError(f"task {row.task_type!r}: group must be a string")
         keys.append(row.key)
         delays.append(_seconds(row.delay))
+        priorities.append(_priority(row.priority, row.task_type))
+        groups.append(row.group)
+        leads.append(priorities[-1] * step)
     return {
         "types": types,
         "payloads": payloads,
         "keys": keys,
         "delays": delays,
+        "priorities": priorities,
+        "groups": groups,
+        "leads": leads,
         "max_attempts": max_attempts,
         "explicit": explicit,
     }
@@ -152,11 +182,14 @@ def enqueue_many(
     *,
     max_attempts: int = 20,
     explicit: bool = False,
+    priority_step: timedelta = timedelta(seconds=1),
 ) -> list[int]:
     """Insert tasks inside the caller's transaction and return their ids, in order; a key
     with a live row returns that row's id. `explicit=False`: the claiming worker stamps
     its own max_attempts over this one."""
-    params = enqueue_params(items, max_attempts=max_attempts, explicit=explicit)
+    params = enqueue_params(
+        items, max_attempts=max_attempts, explicit=explicit, priority_step=priority_step
+    )
     if params is None:
         return []
     result = target.execute(_sql("enqueue"), params).fetchall()
@@ -184,9 +217,12 @@ async def enqueue_many_async(
     *,
     max_attempts: int = 20,
     explicit: bool = False,
+    priority_step: timedelta = timedelta(seconds=1),
 ) -> list[int]:
     """enqueue_many on a psycopg AsyncConnection or AsyncCursor: the same statement."""
-    params = enqueue_params(items, max_attempts=max_attempts, explicit=explicit)
+    params = enqueue_params(
+        items, max_attempts=max_attempts, explicit=explicit, priority_step=priority_step
+    )
     if params is None:
         return []
     result = await (await target.execute(_sql("enqueue"), params)).fetchall()
@@ -279,6 +315,21 @@ def _interval(value: timedelta) -> str:
     return f"{int(value.total_seconds() * 1000)}ms"
 
 
+Limits = Mapping[str, tuple[int | None, int | None]]
+
+
+def limit_params(limits: Limits) -> dict[str, Any]:
+    """The within_limits predicate's parallel arrays; empty for an unlimited registry."""
+    names = sorted(limits)
+    return {
+        "limited": names,
+        "max_running": [limits[n][0] for n in names],
+        "max_per_group": [limits[n][1] for n in names],
+        "settling": None,
+        "settling_token": None,
+    }
+
+
 class Repository:
     """The queue on one worker's connections: discovery on the read lane, claims and
     fenced settlements on the write lane, each write bounded by SET LOCAL timeouts."""
@@ -296,8 +347,13 @@ class Repository:
         statement_timeout: timedelta = timedelta(seconds=30),
         lock_timeout: timedelta = timedelta(seconds=5),
         synchronous_commit: bool = True,
+        priority_step: timedelta = timedelta(seconds=1),
     ) -> None:
         self.write = write
+        self.lead_s = PRIORITY_SPAN * priority_step.total_seconds()
+        # The type of every candidate of the last discovery: a claim locks the limits of
+        # the limited types among its candidates only, so unlimited work never waits.
+        self._candidate_types: dict[int, str] = {}
         self.synchronous_commit = synchronous_commit
         self.read = read or write
         self.lease_margin = lease_margin
@@ -331,15 +387,18 @@ class Repository:
             statement_timeout=settings.statement_timeout,
             lock_timeout=settings.lock_timeout,
             synchronous_commit=settings.synchronous_commit,
+            priority_step=settings.priority_step,
         )
 
     @contextmanager
-    def _bounded(self) -> Iterator[psycopg.Connection[Any]]:
+    def _bounded(self, lock_types: Sequence[str] = ()) -> Iterator[psycopg.Connection[Any]]:
         conn = self.write
         bound = _sql("bound_async" if not self.synchronous_commit else "bound")
         if not conn.autocommit:  # a caller's transaction: a savepoint inside it, as ever
             with conn.pipeline(), conn.transaction():
                 conn.execute(bound, self._bounds)
+                if lock_types:
+                    conn.execute(_sql("claim_lock"), {"lock_types": list(lock_types)})
                 yield conn
             return
         # One pipeline, one Sync, no BEGIN/COMMIT: the server runs everything before a Sync
@@ -349,19 +408,34 @@ class Repository:
         # 1.0 ms per task (discover/claim/dequeue, serial, fsync on).
         with conn.pipeline():
             conn.execute(bound, self._bounds)
+            if lock_types:  # same transaction, before the claim: see claim_lock
+                conn.execute(_sql("claim_lock"), {"lock_types": list(lock_types)})
             yield conn
 
-    def _write(self, name: str, params: Mapping[str, Any]) -> tuple[int, list[tuple[Any, ...]]]:
-        with self._bounded() as conn:
+    def _write(
+        self, name: str, params: Mapping[str, Any], lock_types: Sequence[str] = ()
+    ) -> tuple[int, list[tuple[Any, ...]]]:
+        with self._bounded(lock_types) as conn:
             cur = conn.execute(_sql(name), params)
         rows = cur.fetchall() if cur.description else []
         return cur.rowcount, rows
 
     # discovery and claim
 
-    def discover(self, types: Sequence[str], limit: int = 20) -> list[int]:
-        cur = self.read.execute(_sql("discover"), {"types": list(types), "limit": limit})
-        return [row[0] for row in cur.fetchall()]
+    def discover(
+        self, types: Sequence[str], limit: int = 20, limits: Limits | None = None
+    ) -> list[int]:
+        """Candidate ids in delivery order (ordering key, then id), passing over rows that
+        their type's or group's limit holds back right now."""
+        params = {
+            "types": list(types),
+            "limit": limit,
+            "lead_s": self.lead_s,
+            **limit_params(limits or {}),
+        }
+        rows = self.read.execute(_sql("discover"), params).fetchall()
+        self._candidate_types = {task_id: task_type for task_id, task_type in rows}
+        return [row[0] for row in rows]
 
     def _claim_params(self, ids: Sequence[int], registry: Registry) -> dict[str, Any]:
         return {
@@ -371,12 +445,25 @@ class Repository:
             "max_attempts": registry.max_attempts(self.max_attempts),
             "margin_s": self.lease_margin.total_seconds(),
             "token": uuid.uuid4(),
+            **limit_params(registry.concurrency_limits),
         }
+
+    def _lock_types(self, ids: Sequence[int], registry: Registry) -> list[str]:
+        """The limited types this claim may pick: those among the candidates when the last
+        discovery found them all, else (ids from elsewhere) every limited type served."""
+        limited = registry.concurrency_limits
+        if not limited:
+            return []
+        known = self._candidate_types
+        if all(task_id in known for task_id in ids):
+            return sorted({known[i] for i in ids} & limited.keys())
+        return sorted(limited)
 
     def claim(self, ids: Sequence[int], registry: Registry) -> Claimed | None:
         if not ids:
             return None
-        _, rows = self._write("claim", self._claim_params(ids, registry))
+        lock = self._lock_types(ids, registry)
+        _, rows = self._write("claim", self._claim_params(ids, registry), lock)
         return Claimed(*rows[0]) if rows else None
 
     # fenced settlements
@@ -391,8 +478,15 @@ class Repository:
     ) -> Claimed | None:
         """Dequeue a finished task and claim the next of `ids` in one statement: one round
         trip, one commit. A refused dequeue raises LeaseLost carrying the new claim."""
-        params = {**self._claim_params(ids, registry), "id": task_id, "done_token": token}
-        _, rows = self._write("dequeue_claim", params)
+        params = {
+            **self._claim_params(ids, registry),
+            "id": task_id,
+            "done_token": token,
+            # The settled row's place is free for the claim riding on its settlement.
+            "settling": task_id,
+            "settling_token": token,
+        }
+        _, rows = self._write("dequeue_claim", params, self._lock_types(ids, registry))
         dequeued, *claim = rows[0]
         claimed = Claimed(*claim) if claim[0] is not None else None
         if not dequeued:
@@ -447,7 +541,9 @@ class Repository:
 
     # fleet view and maintenance (autocommit statements on the write lane)
 
-    def gauges(self) -> dict[str, Any]:
+    def gauges(self, limits: Limits | None = None) -> dict[str, Any]:
+        """Fleet gauges. `limits`: tasks held back only by these limits are not counted as
+        waiting in oldest_due_seconds (they wait on their own limit, not on the fleet)."""
         out: dict[str, Any] = {
             "pending": {},
             "running": {},
@@ -455,7 +551,8 @@ class Repository:
             "paused": {},
             "oldest_due_seconds": 0.0,
         }
-        for kind, task_type, value in self.read.execute(_sql("gauges")).fetchall():
+        params = {"lead_s": self.lead_s, **limit_params(limits or {})}
+        for kind, task_type, value in self.read.execute(_sql("gauges"), params).fetchall():
             if kind == "oldest_due":
                 out["oldest_due_seconds"] = float(value or 0.0)
             else:
@@ -540,6 +637,7 @@ class Repository:
         slots: int,
         task_types: list[str],
         leases: Mapping[int, int] | None = None,
+        limits: Limits | None = None,
     ) -> None:
         """`leases`: task id -> the slot number holding it, for the dashboard."""
         params = {
@@ -549,6 +647,7 @@ class Repository:
             "slots": slots,
             "task_types": task_types,
             "leases": json.dumps({str(k): v for k, v in (leases or {}).items()}),
+            "limits": json.dumps({k: list(v) for k, v in (limits or {}).items()}),
         }
         # Bounded like every queue write: a heartbeat stuck behind a lock must end.
         self._write("replica_heartbeat", params)
@@ -659,7 +758,7 @@ class Repository:
     def oldest_due_by_type(self) -> dict[str, float]:
         """Seconds the oldest claimable task of each type has been due (types with none
         are absent)."""
-        rows = self.read.execute(_sql("oldest_due_by_type")).fetchall()
+        rows = self.read.execute(_sql("oldest_due_by_type"), {"lead_s": self.lead_s}).fetchall()
         return {task_type: float(seconds) for task_type, seconds in rows}
 
 

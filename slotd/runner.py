@@ -82,7 +82,8 @@ def serve(
     proc.set_title(f"runner {slot_no} idle")
     if faults is not None:  # counted by the supervisor, by way of the slot
         faults.on_fault = lambda kind: conn.send(("fault", kind))
-    conn.send(("hello", registry.types, registry.ceilings_seconds, registry.limits))
+    hello = (registry.types, registry.ceilings_seconds, registry.limits)
+    conn.send(("hello", *hello, registry.concurrency_limits))
     code = 0
     try:
         while True:

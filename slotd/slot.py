@@ -198,6 +198,7 @@ class Slot:
                     self.repo.discover(
                         self.claim_registry.types,
                         self.settings.discovery_batch * self.settings.slots,
+                        self.claim_registry.concurrency_limits,
                     )
                 )
                 if not self.batch:
@@ -391,13 +392,13 @@ class Slot:
             self.log.error("runner did not start within %ss", BOOT_TIMEOUT)
             return None
         try:
-            _, types, ceilings, limits = handle.conn.recv()
+            _, types, ceilings, limits, concurrency = handle.conn.recv()
         except (EOFError, OSError):
             status = handle.stop()
             self.log.error("runner failed to start: %s", proc.describe_status(status))
             return None
         if fresh_code:
-            self.claim_registry = _registry_view(types, ceilings, limits)
+            self.claim_registry = _registry_view(types, ceilings, limits, concurrency)
         return handle
 
     def _stop_runner(self, runner_: Runner) -> int | None:
@@ -651,10 +652,13 @@ def _ids(claimed: Claimed) -> dict[str, Any]:
 
 
 def _registry_view(
-    types: list[str], ceilings: list[float], limits: list[tuple[Any, ...]]
+    types: list[str],
+    ceilings: list[float],
+    limits: list[tuple[Any, ...]],
+    concurrency: dict[str, tuple[int | None, int | None]],
 ) -> Registry:
     """What the runner (possibly with new code) can run, with each type's ceiling and
-    limits: the claim's type list and the settlement's backoff."""
+    limits: the claim's type list, its concurrency limits and the settlement's backoff."""
     from datetime import timedelta
 
     def span(seconds: float | None) -> timedelta | None:
@@ -662,6 +666,7 @@ def _registry_view(
 
     view = Registry()
     for name, ceiling, (attempts, base, cap) in zip(types, ceilings, limits, strict=True):
+        most, per_group = concurrency.get(name, (None, None))
         view.register(
             name,
             _unreachable,
@@ -669,6 +674,8 @@ def _registry_view(
             max_attempts=attempts,
             backoff_base=span(base),
             backoff_cap=span(cap),
+            max_running=most,
+            max_running_per_group=per_group,
         )
     return view
 

@@ -569,11 +569,12 @@ class Supervisor:
             replica = (self.replica_id, socket.gethostname(), os.getpid())
             slots, types = self.settings.slots, self.registry.types
             leases = {h.lease.id: n for n, h in self.slots.items() if h.lease is not None}
+            limits = self.registry.concurrency_limits
             self.unflushed = rows = self.tally.drain()
 
             def job() -> None:
                 repo = chores.repo()
-                repo.heartbeat(*replica, slots, types, leases)
+                repo.heartbeat(*replica, slots, types, leases, limits)
                 repo.record_outcomes(rows)
 
             chores.post("heartbeat", job)
@@ -602,7 +603,12 @@ class Supervisor:
         self.metrics = metrics.Metrics(
             self.settings.slots,
             self.registry.types,
-            metrics.db_gauge_source(self.read_url or self.write_url),
+            metrics.db_gauge_source(
+                self.read_url or self.write_url,
+                limits=self.registry.concurrency_limits,
+                priority_step=self.settings.priority_step,
+            ),
+            limits=self.registry.concurrency_limits,
         )
         self.server = metrics.serve(addr, self.metrics, self._health, self._readiness)
         log.info("metrics on %s/metrics", self.server.url)

@@ -50,6 +50,45 @@ coalesce(t.cancelled_at, t.last_attempted_at)
 
 -- predicate: running
 (t.lease_token IS NOT NULL AND {lease_live})
+-- predicate: in_order_window
+-- The index condition of every scan in delivery order: no due row has an ordering key
+-- later than now() plus the largest head start (100 x the step), so the scan stops there
+-- instead of walking every future row. lead_s = 100 x this process's SLOTD_PRIORITY_STEP.
+(t.order_at <= now() + make_interval(secs => %(lead_s)s))
+
+-- predicate: head_start
+-- How much earlier than run_at a row is ordered (priority x step, stamped at enqueue).
+-- Every statement that moves run_at keeps it: order_at = <new run_at> - {head_start}.
+(t.run_at - t.order_at)
+
+-- predicate: within_limits
+-- The concurrency limits of the row's type, against live leases in the table (a crashed
+-- worker's lease counts until it is settled or lapses). limited / max_running /
+-- max_per_group are parallel arrays from the registry; an unlimited type is one
+-- array_position miss and nothing else. settling / settling_token: the row the same
+-- statement is dequeuing, whose place is free. Race-safe only under the claim_lock taken
+-- by an earlier statement of the claim's transaction (see Repository.claim).
+(CASE WHEN array_position(%(limited)s::text[], t.task_type) IS NULL THEN true
+ ELSE (CASE WHEN (%(max_running)s::int[])[array_position(%(limited)s::text[], t.task_type)]
+                 IS NULL THEN true
+            ELSE (SELECT count(*) FROM slotd_tasks l
+                  WHERE l.task_type = t.task_type AND l.lease_token IS NOT NULL
+                    AND l.lease_expires_at > now()
+                    AND NOT coalesce(l.id = %(settling)s::bigint
+                                     AND l.lease_token = %(settling_token)s::uuid, false))
+                 < (%(max_running)s::int[])[array_position(%(limited)s::text[], t.task_type)]
+       END)
+  AND (CASE WHEN t.task_group IS NULL
+                 OR (%(max_per_group)s::int[])[array_position(%(limited)s::text[], t.task_type)]
+                    IS NULL THEN true
+            ELSE (SELECT count(*) FROM slotd_tasks l
+                  WHERE l.task_type = t.task_type AND l.task_group = t.task_group
+                    AND l.lease_token IS NOT NULL AND l.lease_expires_at > now()
+                    AND NOT coalesce(l.id = %(settling)s::bigint
+                                     AND l.lease_token = %(settling_token)s::uuid, false))
+                 < (%(max_per_group)s::int[])[array_position(%(limited)s::text[], t.task_type)]
+       END)
+ END)
 
 -- name: bound
 -- SET LOCAL semantics, so the bound holds behind a transaction-mode pooler too.
@@ -70,10 +109,12 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, true),
 -- the caller's transaction is delivered only if it commits, and identical notifications
 -- collapse, so a thousand rows cost one wake.
 WITH input AS (
-    SELECT i.ord, i.task_type, i.payload, i.key, i.delay_s,
+    SELECT i.ord, i.task_type, i.payload, i.key, i.delay_s, i.priority, i.task_group, i.lead_s,
            nextval(pg_get_serial_sequence('slotd_tasks', 'id')) AS new_id
     FROM unnest(%(types)s::text[], %(payloads)s::jsonb[], %(keys)s::text[],
-                %(delays)s::float8[]) WITH ORDINALITY AS i(task_type, payload, key, delay_s, ord)
+                %(delays)s::float8[], %(priorities)s::smallint[], %(groups)s::text[],
+                %(leads)s::float8[])
+         WITH ORDINALITY AS i(task_type, payload, key, delay_s, priority, task_group, lead_s, ord)
 ), existing AS (
     -- One index look-up per keyed input row; unkeyed rows never touch the table here.
     SELECT i.ord, found.id
@@ -86,9 +127,10 @@ WITH input AS (
     WHERE i.key IS NOT NULL
 ), ins AS (
     INSERT INTO slotd_tasks (id, task_type, payload, key, run_at, max_attempts,
-                             max_attempts_explicit)
+                             max_attempts_explicit, priority, task_group, order_at)
     SELECT i.new_id, i.task_type, i.payload, i.key,
-           now() + make_interval(secs => i.delay_s), %(max_attempts)s, %(explicit)s
+           now() + make_interval(secs => i.delay_s), %(max_attempts)s, %(explicit)s,
+           i.priority, i.task_group, now() + make_interval(secs => i.delay_s - i.lead_s)
     FROM input i
     WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = i.ord)
     ORDER BY i.ord
@@ -116,9 +158,12 @@ WHERE t.task_type = %(task_type)s AND t.key = %(key)s AND {live}
 ORDER BY t.id LIMIT 1
 
 -- name: discover
-SELECT t.id FROM slotd_tasks t
-WHERE {claimable} AND t.task_type = ANY(%(types)s::text[])
-ORDER BY t.run_at, t.id
+-- In ordering-key order. Rows their own type's or group's limit holds back are passed over
+-- here (a read, no attempt burnt), so a head of blocked rows never hides the work behind it.
+SELECT t.id, t.task_type FROM slotd_tasks t
+WHERE {claimable} AND {in_order_window} AND t.task_type = ANY(%(types)s::text[])
+  AND {within_limits}
+ORDER BY t.order_at, t.id
 LIMIT %(limit)s
 
 -- fragment: claim_ctes
@@ -127,7 +172,7 @@ LIMIT %(limit)s
 picked AS MATERIALIZED (
     SELECT t.id FROM slotd_tasks t
     WHERE t.id = ANY(%(ids)s::bigint[]) AND {claimable}
-      AND t.task_type = ANY(%(types)s::text[])
+      AND t.task_type = ANY(%(types)s::text[]) AND {within_limits}
     -- In the caller's order (oldest first, rotated per slot): slots that discovered the same
     -- rows start at different places instead of all chasing the head.
     ORDER BY array_position(%(ids)s::bigint[], t.id)
@@ -151,6 +196,17 @@ picked AS MATERIALIZED (
     RETURNING t.id, t.task_type, t.payload, t.key, t.run_at, t.attempt_count, t.max_attempts,
               t.lease_token, t.lease_expires_at, now() AS claimed_at
 )
+
+-- name: claim_lock
+-- Taken by its own statement before a claim that may pick a limited type, in the same
+-- transaction: the claim then starts with a snapshot that already sees the leases of
+-- whoever held the lock before (a lock waited for inside the claim statement would not
+-- refresh its snapshot, and two slots racing for the last place could both win). Held
+-- to commit; keys in sorted order, so two claims never wait on each other in a cycle.
+-- Unlimited types never come here.
+SELECT pg_advisory_xact_lock(hashtextextended('slotd.limit:' || k.task_type, 0))
+FROM unnest(%(lock_types)s::text[]) WITH ORDINALITY AS k(task_type, ord)
+ORDER BY k.ord
 
 -- name: claim
 WITH {claim_ctes}
@@ -177,13 +233,20 @@ WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(token)s::uuid
 -- name: record_failure
 -- Capped exponential backoff from the attempt the claim already counted, shortened by up
 -- to the jitter fraction so a thousand simultaneous failures do not return together.
+WITH backoff AS (
+    SELECT now() + make_interval(secs =>
+        least(%(base_s)s * power(2::float8, least(greatest(t.attempt_count - 1, 0), 40)),
+              %(cap_s)s) * (1 - %(jitter)s * random())) AS run_at
+    FROM slotd_tasks t
+    WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
+)
 UPDATE slotd_tasks t
 SET last_error = CASE WHEN t.cancelled_at IS NULL THEN %(error)s ELSE t.last_error END,
-    run_at = now() + make_interval(secs =>
-        least(%(base_s)s * power(2::float8, least(greatest(t.attempt_count - 1, 0), 40)),
-              %(cap_s)s) * (1 - %(jitter)s * random())),
+    run_at = b.run_at,
+    order_at = b.run_at - {head_start},
     lease_token = NULL,
     lease_expires_at = NULL
+FROM backoff b
 WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
 RETURNING t.attempt_count, t.max_attempts, t.run_at
 
@@ -194,6 +257,7 @@ RETURNING t.attempt_count, t.max_attempts, t.run_at
 UPDATE slotd_tasks t
 SET payload = %(payload)s,
     run_at = now(),
+    order_at = now() - {head_start},
     attempt_count = 0,
     last_error = NULL,
     lease_token = NULL,
@@ -236,8 +300,12 @@ UNION ALL
 SELECT 'paused', p.task_type, 1 FROM slotd_paused_types p WHERE {pause_active}
 UNION ALL
 SELECT 'oldest_due', NULL, coalesce(extract(epoch FROM now() - (
-    SELECT t.run_at FROM slotd_tasks t WHERE {claimable}
-    ORDER BY t.run_at, t.id LIMIT 1))::float8, 0)
+    -- The wait of the task that runs next: exact without priorities; with them it may
+    -- read up to 200 x the step less than the longest wait (see README, Priorities).
+    -- Rows held back only by their own limit are not waiting on the fleet: left out.
+    SELECT t.run_at FROM slotd_tasks t
+    WHERE {claimable} AND {in_order_window} AND {within_limits}
+    ORDER BY t.order_at, t.id LIMIT 1))::float8, 0)
 
 -- name: dead_list
 SELECT t.id, t.task_type, t.key, t.payload, t.attempt_count, t.last_error,
@@ -272,8 +340,8 @@ WITH candidates AS MATERIALIZED (
     ORDER BY c.task_type, c.key, CASE WHEN c.key IS NULL THEN c.id END, c.id DESC
 )
 UPDATE slotd_tasks t
-SET attempt_count = 0, run_at = now(), lease_token = NULL, lease_expires_at = NULL,
-    cancelled_at = NULL
+SET attempt_count = 0, run_at = now(), order_at = now() - {head_start},
+    lease_token = NULL, lease_expires_at = NULL, cancelled_at = NULL
 FROM chosen
 WHERE t.id = chosen.id
 RETURNING t.id
@@ -296,11 +364,12 @@ WHERE {dead} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
        OR {retired_at} < now() - make_interval(secs => %(older_than_s)s))
 
 -- name: replica_heartbeat
-INSERT INTO slotd_replicas AS r (replica_id, hostname, pid, slots, task_types, leases)
-VALUES (%(replica_id)s, %(hostname)s, %(pid)s, %(slots)s, %(task_types)s, %(leases)s::jsonb)
+INSERT INTO slotd_replicas AS r (replica_id, hostname, pid, slots, task_types, leases, limits)
+VALUES (%(replica_id)s, %(hostname)s, %(pid)s, %(slots)s, %(task_types)s, %(leases)s::jsonb,
+        %(limits)s::jsonb)
 ON CONFLICT (replica_id) DO UPDATE
 SET seen_at = now(), slots = excluded.slots, task_types = excluded.task_types,
-    leases = excluded.leases
+    leases = excluded.leases, limits = excluded.limits
 
 -- name: replica_gone
 DELETE FROM slotd_replicas WHERE replica_id = %(replica_id)s
@@ -312,7 +381,7 @@ DELETE FROM slotd_replicas WHERE replica_id = %(replica_id)s
 WITH pruned AS (
     DELETE FROM slotd_replicas WHERE seen_at < now() - interval '10 minutes'
 )
-SELECT replica_id, hostname, pid, slots, task_types, leases,
+SELECT replica_id, hostname, pid, slots, task_types, leases, limits,
        extract(epoch FROM now() - seen_at)::float8 AS seen_ago_s
 FROM slotd_replicas
 WHERE seen_at >= now() - interval '1 minute'
@@ -356,6 +425,7 @@ LISTEN slotd_control
 -- moves the rows instead (see testing.advance_time).
 UPDATE slotd_tasks t
 SET run_at = t.run_at - make_interval(secs => %(seconds)s),
+    order_at = t.order_at - make_interval(secs => %(seconds)s),
     lease_expires_at = t.lease_expires_at - make_interval(secs => %(seconds)s),
     last_attempted_at = t.last_attempted_at - make_interval(secs => %(seconds)s)
 
@@ -365,10 +435,10 @@ WHERE t.lease_token IS NOT NULL AND {lease_live}
 
 -- name: oldest_due_by_type
 -- `slotd status` only, never a scrape: per-type wait, the same claimable predicate as the
--- oldest-due gauge. Reads the due rows of slotd_tasks_due (run_at <= now()) once.
+-- oldest-due gauge. Reads the due rows of slotd_tasks_order once.
 SELECT t.task_type, extract(epoch FROM now() - min(t.run_at))::float8 AS oldest_due_s
 FROM slotd_tasks t
-WHERE {claimable}
+WHERE {claimable} AND {in_order_window}
 GROUP BY t.task_type
 
 -- name: schema_present

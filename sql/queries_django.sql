@@ -12,7 +12,8 @@ RETURNING enqueued_at
 -- name: django_defer
 -- run_after is an absolute time: stamp it exactly rather than trust the delay computed
 -- on the caller's clock (the delay still decides whether the wake is sent).
-UPDATE slotd_tasks t SET run_at = %(run_at)s WHERE t.id = %(id)s
+UPDATE slotd_tasks t SET run_at = %(run_at)s, order_at = %(run_at)s - {head_start}
+WHERE t.id = %(id)s
 
 -- name: django_result_lock
 -- Every transition is check-then-act in Python, so it holds the row for the whole step:

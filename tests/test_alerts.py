@@ -224,6 +224,47 @@ def test_starvation_is_not_hidden_by_one_orphaned_lease(tmp_path: Path) -> None:
     )
 
 
+def test_starvation_stays_quiet_for_work_waiting_only_on_its_own_limit(tmp_path: Path) -> None:
+    # 1,000 tasks of a max_running=1 type wait for an hour behind the one running; the
+    # exporter leaves rows held back by their own limit out of oldest-due (pinned against a
+    # real daemon in tests/test_priority_limits.py), so only the fresh other work shows.
+    assert_promtool_passes(
+        tmp_path,
+        case(
+            [
+                *fleet("slotd_task_oldest_due_seconds", "2x60"),
+                *fleet("slotd_tasks_pending", "1000x60", task_type="rebuild"),
+                *fleet("slotd_tasks_running", "1x60", task_type="rebuild"),
+                *fleet("slotd_task_type_limit", "1x60", task_type="rebuild"),
+                *slots(),
+            ],
+            expect("SlotdTaskStarvation", "30m"),
+            expect("SlotdTaskStarvation", "59m"),
+        ),
+    )
+
+
+def test_starvation_still_fires_for_other_work_beside_a_type_at_its_limit(
+    tmp_path: Path,
+) -> None:
+    assert_promtool_passes(
+        tmp_path,
+        case(
+            [
+                *fleet("slotd_task_oldest_due_seconds", "0+60x30"),
+                *fleet("slotd_tasks_running", "1x30", task_type="rebuild"),
+                *fleet("slotd_task_type_limit", "1x30", task_type="rebuild"),
+                *slots(),
+            ],
+            expect(
+                "SlotdTaskStarvation",
+                "12m",
+                fired("slotd: tasks due for 12m 0s while slots sit idle", severity="page"),
+            ),
+        ),
+    )
+
+
 def test_starvation_fires_when_nothing_runs_and_no_running_series_exists(tmp_path: Path) -> None:
     # slotd_tasks_running is a GROUP BY: with nothing running there is no series; `or vector(0)`
     # is what keeps the comparison alive.

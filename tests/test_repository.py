@@ -174,7 +174,9 @@ def test_backoff_doubles_from_15s_and_caps_at_10m(
     task_id = slotd.enqueue(conn, "flaky")
     delays = []
     for _ in range(8):
-        conn.execute("UPDATE slotd_tasks SET run_at = now() WHERE id = %s", (task_id,))
+        conn.execute(
+            "UPDATE slotd_tasks SET run_at = now(), order_at = now() WHERE id = %s", (task_id,)
+        )
         claimed = claim_one(repo, reg)
         repo.record_failure(task_id, claimed.token, "boom")
         seconds = conn.execute(
@@ -195,12 +197,16 @@ def test_dead_lettered_exactly_at_max_attempts(
     reg = registry_of("doomed")
     task_id = slotd.enqueue(conn, "doomed", max_attempts=3)
     for attempt in range(1, 4):
-        conn.execute("UPDATE slotd_tasks SET run_at = now() WHERE id = %s", (task_id,))
+        conn.execute(
+            "UPDATE slotd_tasks SET run_at = now(), order_at = now() WHERE id = %s", (task_id,)
+        )
         claimed = claim_one(repo, reg)
         assert claimed.attempt == attempt
         failure = repo.record_failure(task_id, claimed.token, f"boom {attempt}")
         assert failure.dead == (attempt == 3)
-    conn.execute("UPDATE slotd_tasks SET run_at = now() WHERE id = %s", (task_id,))
+    conn.execute(
+        "UPDATE slotd_tasks SET run_at = now(), order_at = now() WHERE id = %s", (task_id,)
+    )
     assert repo.discover(reg.types) == []
     gauges = repo.gauges()
     assert gauges["dead"] == {"doomed": 1}
@@ -227,10 +233,14 @@ def test_advance_cursor_resets_attempts_and_frees_the_row_atomically(
     reg = registry_of("sliced")
     task_id = slotd.enqueue(conn, "sliced", {"cursor": 0})
     for _ in range(2):
-        conn.execute("UPDATE slotd_tasks SET run_at = now() WHERE id = %s", (task_id,))
+        conn.execute(
+            "UPDATE slotd_tasks SET run_at = now(), order_at = now() WHERE id = %s", (task_id,)
+        )
         claimed = claim_one(repo, reg)
         repo.record_failure(task_id, claimed.token, "page read failed")
-    conn.execute("UPDATE slotd_tasks SET run_at = now() WHERE id = %s", (task_id,))
+    conn.execute(
+        "UPDATE slotd_tasks SET run_at = now(), order_at = now() WHERE id = %s", (task_id,)
+    )
     claimed = claim_one(repo, reg)
     assert claimed.attempt == 3
     assert repo.advance_cursor(task_id, claimed.token, {"cursor": 100}) is True
@@ -343,7 +353,9 @@ def test_discovery_sees_only_this_replicas_types_oldest_first(
     later = slotd.enqueue(conn, "mine")
     earlier = slotd.enqueue(conn, "mine")
     conn.execute(
-        "UPDATE slotd_tasks SET run_at = now() - interval '1 hour' WHERE id = %s", (earlier,)
+        "UPDATE slotd_tasks SET run_at = now() - interval '1 hour',"
+        " order_at = now() - interval '1 hour' WHERE id = %s",
+        (earlier,),
     )
     future = slotd.enqueue(conn, "mine", delay=timedelta(hours=1))
     found = repo.discover(["mine"])
@@ -424,6 +436,7 @@ def test_dedupe_lookup_is_index_driven_on_a_large_table(
     slotd.enqueue_many(conn, [("audit", {}, None, f"org:{n}") for n in range(5000)])
     conn.execute("ANALYZE slotd_tasks")
     params = {"types": ["audit"], "payloads": ["{}"], "keys": ["org:7"], "delays": [0.0],
+              "priorities": [0], "groups": [None], "leads": [0.0],
               "max_attempts": 20, "explicit": False}  # fmt: skip
     plan = "\n".join(
         r[0] for r in conn.execute("EXPLAIN " + statements()["enqueue"], params).fetchall()

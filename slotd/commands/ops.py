@@ -117,15 +117,20 @@ def _check_ids(repo: Repository, ids: Sequence[int]) -> None:
 def status(ctx: click.Context, as_json: bool) -> None:
     """Pending, running and dead tasks per type, the oldest due, and the live replicas."""
     with _repository(ctx, "status") as repo:
-        gauges = repo.gauges()
-        by_type = repo.oldest_due_by_type()
         replicas = repo.replicas()
+        limits = declared_limits(replicas)
+        gauges = repo.gauges(limits)
+        by_type = repo.oldest_due_by_type()
         paused = paused_types(repo.read)
     types = sorted(set(gauges["pending"]) | set(gauges["running"]) | set(gauges["dead"]))
     if as_json:
         report = {
             **gauges,
             "paused": {p.pop("task_type"): p for p in paused},
+            "limits": {
+                t: {"max_running": most, "max_running_per_group": per_group}
+                for t, (most, per_group) in limits.items()
+            },
             "oldest_due_by_type": by_type,
             "replicas": replicas,
             "slots": sum(r["slots"] for r in replicas),
@@ -137,7 +142,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
             (
                 t,
                 gauges["pending"].get(t, 0),
-                gauges["running"].get(t, 0),
+                _running(gauges["running"].get(t, 0), limits.get(t)),
                 gauges["dead"].get(t, 0),
                 _ago(by_type.get(t)),
             )
@@ -176,6 +181,29 @@ def status(ctx: click.Context, as_json: bool) -> None:
         ]
         table = _table(("HOST", "PID", "SLOTS", "SEEN", "TYPES"), rows)
         click.echo("\n".join("  " + line for line in table.splitlines()))
+
+
+def declared_limits(replicas: Sequence[dict[str, Any]]) -> dict[str, tuple[int | None, int | None]]:
+    """The limits the live replicas declare per type; where they differ (a rollout), the
+    lowest, which is the one a claim would meet first."""
+    merged: dict[str, tuple[int | None, int | None]] = {}
+    for replica in replicas:
+        for task_type, (most, per_group) in (replica.get("limits") or {}).items():
+            old_most, old_group = merged.get(task_type, (None, None))
+            merged[task_type] = (_lowest(old_most, most), _lowest(old_group, per_group))
+    return merged
+
+
+def _lowest(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _running(count: int, limit: tuple[int | None, int | None] | None) -> str | int:
+    """RUNNING as n/limit for a type with max_running, n/g:limit per group only."""
+    if limit is None:
+        return count
+    most, per_group = limit
+    return f"{count}/{most}" if most is not None else f"{count} (per group {per_group})"
 
 
 # enqueue

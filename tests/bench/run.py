@@ -700,7 +700,7 @@ class _Explicit(Repository):
     """The write lane as it was: BEGIN, bound, statement, COMMIT in one pipeline."""
 
     @contextlib.contextmanager
-    def _bounded(self) -> Iterator[psycopg.Connection[Any]]:
+    def _bounded(self, lock_types: Any = ()) -> Iterator[psycopg.Connection[Any]]:
         with self.write.pipeline(), self.write.transaction():
             self.write.execute(statements()["bound"], self._bounds)
             yield self.write
@@ -709,7 +709,9 @@ class _Explicit(Repository):
 class _Unbounded(Repository):
     """The same statements without the SET LOCAL bound: the floor the bound is paid against."""
 
-    def _write(self, name: str, params: Any) -> tuple[int, list[tuple[Any, ...]]]:
+    def _write(
+        self, name: str, params: Any, lock_types: Any = ()
+    ) -> tuple[int, list[tuple[Any, ...]]]:
         cur = self.write.execute(statements()[name], params)
         return cur.rowcount, (cur.fetchall() if cur.description else [])
 
@@ -719,10 +721,27 @@ def pgbench_script() -> str:
     keep a discovery batch between transactions, so the claim's candidate list is the
     discovery statement itself, inlined: one statement still claims one row."""
     s = statements()
-    discover = s["discover"].replace("%(types)s", ":types").replace("%(limit)s", "20")
+    unlimited = {  # an unlimited registry's limit arrays, and the default step's window
+        "%(limited)s": "'{}'",
+        "%(max_running)s": "'{}'",
+        "%(max_per_group)s": "'{}'",
+        "%(settling)s": "NULL",
+        "%(settling_token)s": "NULL",
+        "%(lead_s)s": "100",
+    }
+    discover = (
+        s["discover"]
+        .replace("SELECT t.id, t.task_type FROM", "SELECT t.id FROM")
+        .replace("%(types)s", ":types")
+        .replace("%(limit)s", "20")
+    )
+    for name, value in unlimited.items():
+        discover = discover.replace(name, value)
+    claim = s["claim"]
+    for name, value in unlimited.items():
+        claim = claim.replace(name, value)
     claim = (
-        s["claim"]
-        .replace("%(ids)s::bigint[]", f"ARRAY({discover})")
+        claim.replace("%(ids)s::bigint[]", f"ARRAY({discover})")
         .replace("%(types)s", ":types")
         .replace("%(ceilings_s)s", ":ceilings")
         .replace("%(margin_s)s", ":margin")

@@ -82,3 +82,43 @@ def test_slotd_run_executes_django_tasks(django_db_url: str) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_priority_10_runs_ahead_of_priority_0(django_db_url: str) -> None:
+    """Django's priority is slotd's head start: with one slot, the priority-10 task enqueued
+    last is the first to run."""
+    from django_project.shop.models import Call
+    from django_project.shop.tasks import add
+
+    plain = [add.enqueue(0, n) for n in range(5)]
+    urgent = add.using(priority=10).enqueue(10, 10)
+    env = {
+        **os.environ,
+        "SLOTD_DATABASE_URL": django_db_url,
+        "DJANGO_SETTINGS_MODULE": "django_project.settings",
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [sys.executable, "-m", "slotd", "run", "--app", "slotd.contrib.django.worker:registry",
+           "--slots", "1", "--metrics-addr", "off"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while Call.objects.filter(task="add").count() < 6 and time.monotonic() < deadline:
+            try:  # waits for the daemon (an early exit ends the wait), not for time
+                proc.wait(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+        assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+        order = list(Call.objects.filter(task="add").order_by("id").values_list("arg", flat=True))
+        assert order[0] == "10+10", order
+        assert sorted(order[1:]) == sorted(f"0+{n}" for n in range(5))
+        assert add.get_result(urgent.id).status == TaskResultStatus.SUCCESSFUL
+        assert all(add.get_result(r.id).status == TaskResultStatus.SUCCESSFUL for r in plain)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

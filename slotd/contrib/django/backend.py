@@ -105,11 +105,9 @@ class SlotdBackend(BaseTaskBackend):
     supports_async_task = True
     # Results live in slotd_django_results, readable from any process.
     supports_get_result = True
-    # Not honoured: discovery reads the oldest due row first through a partial index on
-    # (run_at, id); ordering by priority would need a second index and would let a steady
-    # stream of high-priority work starve the rest. Use a separate queue (its own task
-    # type, ceiling and, if wanted, its own `slotd run` replicas) for urgent work.
-    supports_priority = False
+    # Django's -100..100 is slotd's priority as is: a head start of priority x
+    # SLOTD_PRIORITY_STEP, so urgent work goes first without starving the rest.
+    supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
@@ -219,7 +217,12 @@ class SlotdBackend(BaseTaskBackend):
             _schema_hint(self.database),
         ):
             task_id = slotd.enqueue(
-                cur, config.task_type, payload, delay=delay, max_attempts=attempts
+                cur,
+                config.task_type,
+                payload,
+                delay=delay,
+                max_attempts=attempts,
+                priority=task.priority,
             )
             if run_after is not None:
                 repository.execute(cur, "django_defer", {"id": task_id, "run_at": run_after})
