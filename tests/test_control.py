@@ -14,7 +14,7 @@ import pytest
 import slotd
 from slotd.metrics import Metrics, db_gauge_source
 from slotd.registry import Registry
-from slotd.repository import Repository, statements
+from slotd.repository import Repository, limit_params, statements
 from tests.test_ops_cli import one_error_line, run_cli
 
 MINUTE = timedelta(minutes=1)
@@ -321,11 +321,13 @@ def test_pause_check_is_built_once_per_statement_and_keeps_the_due_index_walk(
         "margin_s": 30.0,
         "token": "00000000-0000-0000-0000-000000000001",
         "limit": 20,
+        "lead_s": 100.0,
+        **limit_params({}),  # an unlimited registry
     }
     with conn.transaction(force_rollback=True):  # EXPLAIN ANALYZE really claims
         plan = conn.execute(
             "EXPLAIN (ANALYZE, FORMAT JSON) " + statements()[name],  # type: ignore[operator]
-            params if name != "gauges" else None,
+            params,
         ).fetchone()[0]  # type: ignore[index]
     nodes = list(_nodes(plan[0]["Plan"]))
     pause_looks = [n for n in nodes if n.get("Relation Name") == "slotd_paused_types"]
@@ -335,7 +337,8 @@ def test_pause_check_is_built_once_per_statement_and_keeps_the_due_index_walk(
         walked = sum(
             n.get("Actual Rows", 0) * n.get("Actual Loops", 1)
             for n in nodes
-            if n.get("Relation Name") == "slotd_tasks" and n.get("Index Name") == "slotd_tasks_due"
+            if n.get("Relation Name") == "slotd_tasks"
+            and n.get("Index Name") == "slotd_tasks_order"
         )
         assert 0 < walked <= 20, walked  # the LIMIT's worth of the index, not 20,000 rows
 
