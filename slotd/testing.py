@@ -521,8 +521,9 @@ class ManualQueue:
         return watch.check(claimed.task(), settlement)
 
     def deliver_next(self) -> Settlement | None:
-        """Claim the first due task (by run_at, then id), run it and settle it; None when
-        nothing is due. A pending fail_next() applies to this delivery."""
+        """Claim the first due task in delivery order (run_at less the priority's head start,
+        then id), run it and settle it; None when nothing is due. A pending fail_next()
+        applies to this delivery."""
         claimed = self._claim_next()
         return self._run(claimed) if claimed is not None else None
 

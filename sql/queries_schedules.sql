@@ -76,9 +76,11 @@ WITH due AS (
 ), ins AS (
     -- run_at is the fire time itself, not the moment of this write (manual mode: on the
     -- queue's frozen clock, like every row it moves back).
-    INSERT INTO slotd_tasks (id, task_type, payload, key, run_at, max_attempts)
+    -- Priority 0: ordered at its fire time (order_at = run_at).
+    INSERT INTO slotd_tasks (id, task_type, payload, key, run_at, max_attempts, order_at)
     SELECT f.new_id, f.task_type, f.payload, f.key,
-           f.fire_at - make_interval(secs => %(offset_s)s), %(max_attempts)s
+           f.fire_at - make_interval(secs => %(offset_s)s), %(max_attempts)s,
+           f.fire_at - make_interval(secs => %(offset_s)s)
     FROM fires f
     ORDER BY f.name, f.fire_at
     ON CONFLICT (task_type, key) WHERE key IS NOT NULL AND attempt_count < max_attempts
