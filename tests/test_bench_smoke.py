@@ -29,3 +29,18 @@ def test_bench_runs_and_writes_figures(tmp_path: Path) -> None:
     assert "### 1. Drain" in text and "### 7. Watchdog" in text
 
     assert text.startswith("## an earlier run\n")  # runs are appended, never replaced
+
+
+def test_cpu_per_task_bench_reports_every_role() -> None:
+    cmd = [sys.executable, str(ROOT / "tests" / "bench" / "cpu_per_task.py"), "--n", "300",
+           "--rounds", "1", "--slots", "2"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| bench.")]
+    assert [row.split(" | ")[0] for row in rows] == ["| bench.noop", "| bench.async_noop"]
+    for row in rows:
+        cells = [c.strip().replace(",", "") for c in row.strip("| ").split(" | ")[1:]]
+        rate, own, supervisor, slots, runners, backends, other = map(float, cells)
+        # CPU times tick in 10 ms: at toy size only the big shares are surely above zero.
+        assert rate > 0 and own >= supervisor + slots + runners - 3 and slots > 0, row
+        assert backends > 0, row
