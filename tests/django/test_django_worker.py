@@ -122,3 +122,33 @@ def test_priority_10_runs_ahead_of_priority_0(django_db_url: str) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_sigterm_cancels_an_async_django_task_at_its_await(django_db_url: str) -> None:
+    import psycopg
+    from django_project.shop.models import Call
+    from django_project.shop.tasks import async_wait_forever
+
+    from tests.daemon import Daemon, wait_for
+
+    async_wait_forever.enqueue()
+    env = {
+        "DJANGO_SETTINGS_MODULE": "django_project.settings",
+        "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)]),
+        "SLOTD_SHUTDOWN_GRACE": "30s",
+    }
+    daemon = Daemon(django_db_url, slots=1, app="slotd.contrib.django.worker:registry", env=env)
+    try:
+        daemon.start()
+        wait_for(lambda: Call.objects.filter(arg="start").exists(), what="the task to start")
+        began = time.monotonic()
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(60) == 0
+        # Cancelled at its await on the runner's loop, not killed when the 30 s grace ended.
+        assert time.monotonic() - began < 30
+        assert Call.objects.filter(task="async_wait_forever", arg="cancelled").count() == 1
+        leased = "SELECT count(*) FROM slotd_tasks WHERE lease_token IS NOT NULL"
+        with psycopg.connect(django_db_url, autocommit=True) as conn:
+            assert conn.execute(leased).fetchone() == (0,)  # released for another worker
+    finally:
+        daemon.close()

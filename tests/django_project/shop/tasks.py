@@ -55,6 +55,19 @@ async def async_where() -> str:
     return threading.current_thread().name
 
 
+@task
+async def async_wait_forever() -> None:
+    """Awaits until cancelled; records that it saw the cancellation."""
+    import asyncio
+
+    await Call.objects.acreate(task="async_wait_forever", arg="start")
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        await Call.objects.acreate(task="async_wait_forever", arg="cancelled")
+        raise
+
+
 @task(takes_context=True)
 def attempt_number(context: TaskContext) -> int:
     Call.objects.create(task="attempt_number")
