@@ -129,10 +129,11 @@ class Faults:
     latency_seconds: float = 1.0
     crash: float = 0.0
     lost_settlement: float = 0.0
+    slot_crash: float = 0.0
 
     @property
     def any(self) -> bool:
-        return any((self.error, self.latency, self.crash, self.lost_settlement))
+        return any((self.error, self.latency, self.crash, self.lost_settlement, self.slot_crash))
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,7 @@ class Settings:
                 latency_seconds=_duration("SLOTD_FAULT_LATENCY_SECONDS", "1s").total_seconds(),
                 crash=_float("SLOTD_FAULT_CRASH", 0.0),
                 lost_settlement=_float("SLOTD_FAULT_LOST_SETTLEMENT", 0.0),
+                slot_crash=_float("SLOTD_FAULT_SLOT_CRASH", 0.0),
             ),
             allow_faults=_env("SLOTD_ALLOW_FAULTS") == "1",
         )

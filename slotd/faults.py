@@ -17,6 +17,9 @@ Where each kind acts, so that it exercises the recovery path it is meant to:
   dead runner and settles the attempt as ``crashed``.
 - ``lost_settlement``: the slot skips writing the outcome, so the lease is left to expire
   and another worker redelivers the task: the at-least-once path.
+- ``slot_crash``: the slot process exits with status 70 after it has told the supervisor the
+  attempt's outcome and before it writes the settlement; the supervisor settles the lease by
+  that reported outcome (a success is dequeued, not run again).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from slotd.errors import ConfigError, SlotdError
 
 log = logging.getLogger("slotd.faults")
 
-KINDS = ("error", "latency", "crash", "lost_settlement")
+KINDS = ("error", "latency", "crash", "lost_settlement", "slot_crash")
 CRASH_STATUS = 70  # EX_SOFTWARE: distinguishable from a signal or an OOM kill in the slot log
 
 
@@ -115,10 +118,7 @@ class Injector:
         the rest moot, and a slow call that then fails is the realistic combination."""
         faults = self.faults
         if self._draw(faults.crash):
-            self._report("crash", f"runner exits with status {CRASH_STATUS}")
-            for handler in logging.getLogger().handlers:
-                handler.flush()  # os._exit skips the interpreter's own flushing
-            self._exit(CRASH_STATUS)
+            self._crash("crash", f"runner exits with status {CRASH_STATUS}")
             return  # only reached when a test replaced exit
         if self._draw(faults.latency):
             self._report("latency", f"{faults.latency_seconds:g}s before the handler")
@@ -126,6 +126,18 @@ class Injector:
         if self._draw(faults.error):
             self._report("error", "handler replaced by InjectedFault")
             raise InjectedFault("injected fault: handler error (SLOTD_FAULT_ERROR)")
+
+    def _crash(self, kind: str, detail: str) -> None:
+        self._report(kind, detail)
+        for handler in logging.getLogger().handlers:
+            handler.flush()  # os._exit skips the interpreter's own flushing
+        self._exit(CRASH_STATUS)
+
+    def crash_slot_before_settlement(self) -> None:
+        """Called in the slot once the outcome is reported and before it is written: may
+        exit the slot process, the window in which only the supervisor knows the outcome."""
+        if self._draw(self.faults.slot_crash):
+            self._crash("slot_crash", f"slot exits with status {CRASH_STATUS} before settling")
 
     def lose_settlement(self) -> bool:
         """Called in the slot before it writes an outcome: True means skip the write and

@@ -606,7 +606,18 @@ class Slot:
         return bool(ok), None
 
     def _settle(self, claimed: Claimed, result: Result) -> Settlement:
+        # The supervisor learns the outcome before the write is attempted: if this process
+        # dies now (OOM kill, a wedged reconnect cut short), the supervisor settles the lease
+        # by what the handler did, fenced on the token, instead of calling it a crash and
+        # running a task that succeeded again. Best effort: with the supervisor gone (kill -9
+        # of it) the slot still settles what it holds on its way out.
+        try:
+            self._report("outcome", claimed.id, result)
+        except OSError:
+            pass
         faults = self.spec.faults
+        if faults is not None:
+            faults.crash_slot_before_settlement()
         if faults is not None and faults.lose_settlement():
             return Settlement(Outcome.LOST, False, result.duration)
         then = (self.batch, self.claim_registry) if self._may_chain() else None

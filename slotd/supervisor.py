@@ -52,6 +52,7 @@ class SlotHandle:
     ready: bool = False
     busy: bool = False
     lease: Claimed | None = None
+    outcome: Result | None = None  # what the lease's attempt came to, reported before settling
     runner_pid: int | None = None
     stuck: int = 0  # runners that did not die after SIGKILL (uninterruptible sleep)
 
@@ -280,9 +281,14 @@ class Supervisor:
             elif kind == "claimed":
                 handle.lease, handle.runner_pid = message[1], message[2]
                 self._cancel_if_asked(handle)
+                handle.outcome = None
                 self.tokens.offer(remember=False)  # the cascade
+            elif kind == "outcome":
+                if handle.lease is not None and handle.lease.id == message[1]:
+                    handle.outcome = message[2]
             elif kind == "settled":
                 _, _, task_type, outcome, duration, delay, handle.lease, runner_pid = message
+                handle.outcome = None
                 handle.runner_pid = runner_pid or handle.runner_pid
                 if self.metrics is not None:
                     self.metrics.record_outcome(task_type, outcome, duration, delay)
@@ -337,7 +343,7 @@ class Supervisor:
         if handle.runner_pid:
             proc.kill_group(handle.runner_pid, signal.SIGKILL)
         if handle.lease is not None:
-            self._settle_orphan(handle.lease)
+            self._settle_orphan(handle.lease, handle.outcome)
         if self.stopping:
             return
         failures = self.slot_failures.get(handle.number, 0) + 1
@@ -359,23 +365,26 @@ class Supervisor:
             if now >= when:
                 self._spawn(number)
 
-    def _settle_orphan(self, lease: Claimed) -> None:
+    def _settle_orphan(self, lease: Claimed, outcome: Result | None) -> None:
         """A slot died holding a lease it had reported: settle it now, fenced, rather than
         leaving the row to wait out ceiling + margin (on the chores thread: the database
-        may be the reason the slot died)."""
+        may be the reason the slot died). By the attempt's outcome when the slot reported one
+        before dying (a success is dequeued, never run again); a crash only when the slot died
+        with the handler's outcome unknown. The token fence makes this safe when the slot's
+        own settlement did land: ours then matches nothing (`lost`)."""
         assert self.chores is not None
         chores, stopping = self.chores, self.stopping
         kind = SHUTDOWN if stopping else CRASHED
+        result = outcome if outcome is not None else Result(kind, "its slot died")
 
-        def job() -> tuple[Claimed, str]:
+        def job() -> tuple[Claimed, str, float | None]:
             repo = chores.repo()
-            result = Result(kind, "its slot died")
             # A slot killed while it stopped a cancelled task: settle it as the cancel.
             cancelled = repo.cancel_reason(lease.id, lease.token)
             settled = settle(
                 repo, lease, result, shutting_down=stopping, logger=log, cancelled_by=cancelled
             )
-            return lease, str(settled.outcome)
+            return lease, str(settled.outcome), result.duration
 
         chores.post("settle_orphan", job)
 
@@ -458,10 +467,10 @@ class Supervisor:
             if done.error is not None:
                 log.error("could not settle the task of a dead slot: %s", db.first_line(done.error))
             else:
-                lease, outcome = done.value
+                lease, outcome, duration = done.value
                 self.tally.add(lease.task_type, outcome)
                 if self.metrics is not None:
-                    self.metrics.record_outcome(lease.task_type, outcome, None, None)
+                    self.metrics.record_outcome(lease.task_type, outcome, duration, None)
         elif done.error is not None and done.name == "heartbeat":
             log.warning("heartbeat failed: %s", db.first_line(done.error))
             self.tally.restore(self.unflushed)  # the chart catches up at the next heartbeat

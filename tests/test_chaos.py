@@ -80,3 +80,31 @@ def test_chaos_run_loses_nothing_and_counts_every_fault(
         assert outcomes == counted["error"] + counted["crash"]
     finally:
         daemon.close()
+
+
+def test_a_slot_dying_after_success_settles_by_the_reported_outcome(
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+) -> None:
+    """The slot exits between reporting the outcome and writing it: the supervisor dequeues
+    the succeeded task (fenced) instead of settling it as crashed and running it again."""
+    daemon = Daemon(
+        db_url,
+        slots=2,
+        env={"SLOTD_ALLOW_FAULTS": "1", "SLOTD_FAULT_SLOT_CRASH": "0.25"},
+    )
+    daemons.append(daemon)
+    daemon.start()
+    ids = slotd.enqueue_many(qconn, [("rt.noop", {"n": n}) for n in range(40)])
+    wait_for(
+        lambda: qconn.execute("SELECT count(*) FROM slotd_tasks").fetchone() == (0,),
+        timeout=120,
+        what="every task settled despite its slot dying",
+    )
+    daemon.wait_line(r"injected fault: slot_crash")
+    runs = dict(
+        qconn.execute(
+            "SELECT task_id, count(*) FROM executions WHERE phase = 'start' GROUP BY task_id"
+        ).fetchall()
+    )
+    assert sorted(runs) == sorted(ids)
+    assert set(runs.values()) == {1}, {k: v for k, v in runs.items() if v != 1}
