@@ -90,7 +90,7 @@ class Chores:
         """The chores connection, opened on first use and again after any error. Its queue
         writes carry the statement and lock timeouts every queue write does."""
         if self._repo is None:
-            conn = db.connect(self.url, role="slotd chores")
+            conn = db.connect(self.url, role="slotd chores", prepare=self.settings.prepare)
             self._repo = Repository.from_settings(self.settings, conn)
         return self._repo
 

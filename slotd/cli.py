@@ -57,7 +57,8 @@ def main(ctx: click.Context, log_format: str | None) -> None:
 def migrate(ctx: click.Context) -> None:
     """Create or upgrade the schema (safe to run twice, and from two hosts at once)."""
     settings = settings_from(ctx)
-    with db.connect(db.primary_url(settings), role="slotd migrate") as conn:
+    url = db.primary_url(settings)
+    with db.connect(url, role="slotd migrate", prepare=settings.prepare) as conn:
         applied = run_migrations(conn)
     click.echo(f"applied {', '.join(applied)}" if applied else "schema up to date")
 

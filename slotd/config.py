@@ -140,6 +140,8 @@ class Faults:
 class Settings:
     database_url: str | None = None
     database_url_read: str | None = None
+    database_url_listen: str | None = None
+    prepare: str = "auto"  # server-side prepared statements: auto (off behind a pooler), on, off
     slots: int = 4
     poll_interval: timedelta = timedelta(seconds=5)
     lease_margin: timedelta = timedelta(seconds=30)
@@ -172,6 +174,8 @@ class Settings:
         settings = cls(
             database_url=_env("SLOTD_DATABASE_URL", "DATABASE_URL"),
             database_url_read=_env("SLOTD_DATABASE_URL_READ", "DATABASE_URL_READ"),
+            database_url_listen=_env("SLOTD_DATABASE_URL_LISTEN"),
+            prepare=(_env("SLOTD_PREPARE") or "auto").strip().lower(),
             slots=_int("SLOTD_SLOTS", 4, minimum=1),
             poll_interval=_duration("SLOTD_POLL_INTERVAL", "5s"),
             lease_margin=_duration("SLOTD_LEASE_MARGIN", "30s"),
@@ -220,6 +224,8 @@ class Settings:
         return replace(self, **{k: v for k, v in changes.items() if v is not None}).validated()
 
     def validated(self) -> Settings:
+        if self.prepare not in ("auto", "on", "off"):
+            raise ConfigError(f"bad SLOTD_PREPARE {self.prepare!r}: use auto, on or off")
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"bad log format {self.log_format!r}: use text or json")
         if self.kill_grace >= self.lease_margin:  # only an explicit pair can conflict

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
 import psycopg
 
-from slotd import proc
+from slotd import proc, repository
 from slotd.config import Settings
 from slotd.errors import ConfigError
+
+log = logging.getLogger("slotd.db")
 
 _PASSWORD_IN_URL = re.compile(r"(://[^:/@]*:)([^@]*)(@)")
 _PASSWORD_PARAM = re.compile(r"(password=)(\S+)", re.I)
@@ -59,6 +62,13 @@ def read_url(settings: Settings, primary: str) -> str | None:
     return _checked(settings.database_url_read) if settings.database_url_read else None
 
 
+def listen_url(settings: Settings, primary: str) -> str:
+    """Where LISTEN goes: SLOTD_DATABASE_URL_LISTEN, else the primary URL. Behind a
+    transaction-mode pooler this must be a direct connection: LISTEN belongs to a server
+    session, and a pool hands that session to other clients between statements."""
+    return _checked(settings.database_url_listen) if settings.database_url_listen else primary
+
+
 def _checked(url: str) -> str:
     try:
         psycopg.conninfo.conninfo_to_dict(url)
@@ -67,9 +77,25 @@ def _checked(url: str) -> str:
     return url
 
 
-def connect(url: str, *, role: str = "slotd", **kwargs: Any) -> psycopg.Connection[Any]:
+PREPARE_MODES = ("auto", "on", "off")
+PREPARE_ADVICE = (
+    "server-side prepared statements failed ({error}): this connection goes through a "
+    "transaction-mode pooler that cannot carry them (PgBouncer before 1.21); set "
+    "SLOTD_PREPARE=off"
+)
+_said_pooled = False
+
+
+def connect(
+    url: str, *, role: str = "slotd", prepare: str = "auto", **kwargs: Any
+) -> psycopg.Connection[Any]:
     """An autocommit connection with TCP keepalives, so a dead peer is noticed in seconds
-    rather than at the kernel's two-hour default."""
+    rather than at the kernel's two-hour default.
+
+    `prepare` (SLOTD_PREPARE): `on` keeps psycopg's automatic server-side prepared
+    statements, `off` never prepares, `auto` prepares unless the connection goes through a
+    pooler (see `pooled`), where a prepared statement would outlive the server session it
+    was made on."""
     params: dict[str, Any] = {
         "autocommit": True,
         "connect_timeout": 10,
@@ -80,4 +106,36 @@ def connect(url: str, *, role: str = "slotd", **kwargs: Any) -> psycopg.Connecti
         "keepalives_count": 3,
     }
     params.update(kwargs)
-    return proc.track(psycopg.connect(url, **params))
+    conn = proc.track(psycopg.connect(url, **params))
+    if prepare == "off" or (prepare == "auto" and _auto_unprepared(conn)):
+        conn.prepare_threshold = None
+    return conn
+
+
+def _auto_unprepared(conn: psycopg.Connection[Any]) -> bool:
+    global _said_pooled
+    try:
+        behind = pooled(conn)
+    except BaseException:
+        conn.close()
+        raise
+    if behind and not _said_pooled:
+        _said_pooled = True
+        log.info("connected through a pooler: server-side prepared statements are off")
+    return behind
+
+
+def pooled(conn: psycopg.Connection[Any]) -> bool:
+    """Whether a pooler sits between us and the server. A pooler answers the startup
+    itself and hands the client a cancel key of its own making (it must route cancels to
+    whichever server connection is busy), so the backend pid the client was told differs
+    from the pid of the server process running our statements. A plain TCP forwarder
+    relays the server's own key and is, rightly, not a pooler."""
+    return repository.backend_pid(conn) != conn.info.backend_pid
+
+
+def is_prepare_error(exc: BaseException) -> bool:
+    """The errors a transaction-mode pooler produces for statements prepared on another
+    server session: what the slot turns into a loud stop instead of a crash loop."""
+    errors = psycopg.errors
+    return isinstance(exc, errors.DuplicatePreparedStatement | errors.InvalidSqlStatementName)

@@ -73,12 +73,14 @@ class DbGaugeSource:
         connect_timeout: int = 3,
         limits: Limits | None = None,
         priority_step: timedelta = timedelta(seconds=1),
+        prepare: str = "auto",
     ) -> None:
         self._url = url
         # This replica's limits: work held back only by them is not "waiting" (oldest due).
         self._limits = dict(limits or {})
         self._priority_step = priority_step
         self._connect_timeout = connect_timeout
+        self._prepare = prepare
         # Shorter than Prometheus's default 10 s scrape timeout, so a slow primary shows
         # up as a failed refresh rather than a scrape that never answers.
         self._bounds = {
@@ -93,7 +95,10 @@ class DbGaugeSource:
             try:
                 if self._conn is None or self._conn.closed:
                     self._conn = db.connect(
-                        self._url, role="slotd metrics", connect_timeout=self._connect_timeout
+                        self._url,
+                        role="slotd metrics",
+                        connect_timeout=self._connect_timeout,
+                        prepare=self._prepare,
                     )
                 conn = self._conn
                 with conn.transaction():

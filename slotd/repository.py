@@ -79,25 +79,23 @@ def migrations() -> list[tuple[int, str, str]]:
 
 
 def migrate(conn: psycopg.Connection[Any]) -> list[str]:
-    """Apply the numbered migrations not yet recorded. A session advisory lock makes two
-    hosts migrating at once take turns; the second then finds nothing to do."""
+    """Apply the numbered migrations not yet recorded, all in one transaction that first
+    takes a transaction-scoped advisory lock and reads what is applied under it: two hosts
+    migrating at once take turns, the second finds nothing to do, and a failing migration
+    leaves the schema as it was. Transaction-scoped, not a session lock: behind a
+    transaction-mode pooler a session lock and its unlock can land on different server
+    sessions and the lock stays held in the pool; this one ends with its COMMIT."""
     applied_now: list[str] = []
     with conn.transaction():
-        pass  # surface a connection that cannot even begin before taking the lock
-    conn.execute(_sql("migrate_lock"))
-    try:
-        with conn.transaction():
-            conn.execute(_sql("migrate_init"))
+        conn.execute(_sql("migrate_lock"))
+        conn.execute(_sql("migrate_init"))
         done = {row[0] for row in conn.execute(_sql("migrate_applied"))}
         for version, name, body in migrations():
             if version in done:
                 continue
-            with conn.transaction():
-                conn.execute(body)  # type: ignore[arg-type]
-                conn.execute(_sql("migrate_record"), {"version": version, "name": name})
+            conn.execute(body)  # type: ignore[arg-type]
+            conn.execute(_sql("migrate_record"), {"version": version, "name": name})
             applied_now.append(name)
-    finally:
-        conn.execute(_sql("migrate_unlock"))
     return applied_now
 
 
@@ -930,3 +928,11 @@ def paused_types(target: Executor) -> list[dict[str, Any]]:
 
 def listen_control(conn: psycopg.Connection[Any]) -> None:
     conn.execute(_sql("listen_control"))
+
+
+def notify_selftest(conn: psycopg.Connection[Any], payload: str) -> None:
+    conn.execute(_sql("notify_selftest"), {"payload": payload})
+
+
+def backend_pid(conn: psycopg.Connection[Any]) -> int:
+    return int(conn.execute(_sql("backend_pid")).fetchone()[0])  # type: ignore[index]

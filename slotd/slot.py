@@ -110,7 +110,16 @@ class Slot:
             self._setup()
             self._loop()
         except BaseException as exc:  # noqa: BLE001 - report, then let the supervisor restart us
-            if not isinstance(exc, SystemExit | BrokenPipeError | EOFError):
+            if db.is_prepare_error(exc):
+                # Loud and final: a restarted slot would meet the same pooler again.
+                reason = db.PREPARE_ADVICE.format(error=db.first_line(exc))
+                self.log.error("%s", reason)
+                try:
+                    self._report("fatal", reason)
+                except OSError:
+                    pass
+                code = 1
+            elif not isinstance(exc, SystemExit | BrokenPipeError | EOFError):
                 self.log.error("slot failed: %s", traceback.format_exc().strip())
                 code = 1
         finally:
@@ -310,8 +319,13 @@ class Slot:
         while not self.stopping:
             try:
                 role = f"slotd slot {self.spec.number}"
-                write = db.connect(self.spec.write_url, role=role)
-                read = db.connect(self.spec.read_url, role=role) if self.spec.read_url else None
+                prepare = self.settings.prepare
+                write = db.connect(self.spec.write_url, role=role, prepare=prepare)
+                read = (
+                    db.connect(self.spec.read_url, role=role, prepare=prepare)
+                    if self.spec.read_url
+                    else None
+                )
                 self.repo = Repository.from_settings(self.settings, write, read)
                 return
             except psycopg.OperationalError as exc:

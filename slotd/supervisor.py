@@ -24,7 +24,7 @@ import psycopg
 
 from slotd import db, maintenance, proc, repository, sdnotify
 from slotd.chores import Chores, Done
-from slotd.config import Settings
+from slotd.config import Settings, format_duration
 from slotd.outcome import CRASHED, SHUTDOWN, MinuteTally
 from slotd.processor import Result, settle
 from slotd.registry import Registry
@@ -34,6 +34,7 @@ from slotd.wake import Tokens
 
 log = logging.getLogger("slotd.supervisor")
 
+SELFTEST_WAIT = 5.0  # how long the NOTIFY self-test waits for its own notification
 CHORES_EVERY = 600.0
 GOODBYE_TIMEOUT = 10.0  # at exit: the last settlements and the replica's goodbye
 SLOT_BACKOFF_CAP = 30.0
@@ -72,6 +73,7 @@ class Supervisor:
         self.settings = settings
         self.write_url = write_url
         self.read_url = read_url
+        self.listen_url = db.listen_url(settings, write_url)
         self.faults = faults
         self.replica_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.slots: dict[int, SlotHandle] = {}
@@ -88,6 +90,11 @@ class Supervisor:
         self.reload_queue: list[int] = []
         self.announced_ready = False
         self.cancels: dict[str, tuple[float, int, str]] = {}  # token -> (forget at, id, by)
+        self.selftest_payload = f"selftest {self.replica_id}"
+        self.selftest_deadline: float | None = None
+        self.selftest_seen = False
+        self.notify_reaches = True  # until a self-test's notification fails to arrive
+        self.exit_code = 0
         self.loop_seen = time.monotonic()
         self.metrics: Any = None
         self.server: Any = None
@@ -131,6 +138,8 @@ class Supervisor:
                 if now >= next_chores:
                     self._chores()
                     next_chores = now + CHORES_EVERY
+                if self.selftest_deadline is not None and now >= self.selftest_deadline:
+                    self._selftest_failed()
             elif self.stop_deadline is not None and now >= self.stop_deadline:
                 self._kill_remaining()
             if watchdog_every and now >= next_watchdog:
@@ -139,6 +148,8 @@ class Supervisor:
             timers = [next_tick, next_heartbeat, *self.respawn_at.values()]
             if self._listen_due(float("inf")) and not self.stopping:
                 timers.append(self.listen_retry_at)
+            if self.selftest_deadline is not None:
+                timers.append(self.selftest_deadline)
             if self.stop_deadline is not None:
                 timers.append(self.stop_deadline)
             if watchdog_every:
@@ -146,7 +157,7 @@ class Supervisor:
             timeout = max(0.0, min(timers) - time.monotonic())
             self._dispatch(wait(self._watched(), timeout=timeout))
         self._finish()
-        return 0
+        return self.exit_code
 
     # signals
 
@@ -315,6 +326,8 @@ class Supervisor:
                 self._maybe_ready()
             elif kind == "reloaded":
                 self._reload_next()
+            elif kind == "fatal":
+                self._fatal(message[1])
             elif kind == "reload_failed":
                 log.error(
                     "reload stopped at slot %d: the new code does not start; every slot "
@@ -388,6 +401,16 @@ class Supervisor:
 
         chores.post("settle_orphan", job)
 
+    def _fatal(self, reason: str) -> None:
+        """A misconfiguration every slot would hit (server-side prepared statements through
+        a transaction pooler): stop the replica with exit status 2 instead of restarting
+        slots in a loop that looks like work."""
+        if self.exit_code == 0:
+            log.error("stopping: %s", reason)
+        self.exit_code = 2
+        if not self.stopping:
+            self._begin_stop()
+
     def _kill_remaining(self) -> None:
         for handle in list(self.slots.values()):
             log.error("slot %d did not stop in time; killing it", handle.number)
@@ -423,10 +446,10 @@ class Supervisor:
 
     def _listen(self) -> None:
         """Open the LISTEN connection on the chores thread; `_listening` takes it over."""
-        url = self.write_url
+        url, prepare = self.listen_url, self.settings.prepare
 
         def job() -> psycopg.Connection[Any]:
-            conn = db.connect(url, role="slotd listen")
+            conn = db.connect(url, role="slotd listen", prepare=prepare)
             try:
                 repository.listen(conn)
                 repository.listen_control(conn)
@@ -459,6 +482,7 @@ class Supervisor:
         # Notifications sent while we were deaf are lost: look once now, not at the next tick.
         self.tokens.offer()
         self._maybe_ready()
+        self._selftest_send()
 
     def _chore_done(self, done: Done) -> None:
         if done.name == "listen":
@@ -471,11 +495,48 @@ class Supervisor:
                 self.tally.add(lease.task_type, outcome)
                 if self.metrics is not None:
                     self.metrics.record_outcome(lease.task_type, outcome, duration, None)
+        elif done.name == "selftest":
+            self._selftest_sent(done)
         elif done.error is not None and done.name == "heartbeat":
+            if db.is_prepare_error(done.error):
+                self._fatal(db.PREPARE_ADVICE.format(error=db.first_line(done.error)))
             log.warning("heartbeat failed: %s", db.first_line(done.error))
             self.tally.restore(self.unflushed)  # the chart catches up at the next heartbeat
         elif done.error is not None and done.name == "retention":
             log.warning("retention cleanup failed: %s", db.first_line(done.error))
+
+    def _selftest_send(self) -> None:
+        """Prove that NOTIFY reaches this LISTEN connection: send one on the primary, as a
+        producer would, and expect it back within SELFTEST_WAIT. Through a transaction-mode
+        pooler it never arrives, and the replica would otherwise wait silently for ticks."""
+        assert self.chores is not None
+        chores, payload = self.chores, self.selftest_payload
+        self.selftest_seen = False
+        chores.post("selftest", lambda: repository.notify_selftest(chores.repo().write, payload))
+
+    def _selftest_sent(self, done: Done) -> None:
+        if done.error is not None:
+            log.warning("NOTIFY self-test not sent: %s", db.first_line(done.error))
+        elif not self.selftest_seen:  # the notification may have beaten this news here
+            self.selftest_deadline = time.monotonic() + SELFTEST_WAIT
+
+    def _selftest_passed(self) -> None:
+        self.selftest_seen = True
+        self.selftest_deadline = None
+        if not self.notify_reaches:
+            log.info("NOTIFY reaches the LISTEN connection again")
+        self.notify_reaches = True
+
+    def _selftest_failed(self) -> None:
+        self.selftest_deadline = None
+        self.notify_reaches = False
+        log.warning(
+            "NOTIFY did not reach the LISTEN connection within %.0fs: this replica runs on "
+            "its %s poll. LISTEN through a transaction-mode pooler never hears anything: "
+            "point SLOTD_DATABASE_URL_LISTEN at the primary directly (or a session-mode pool)",
+            SELFTEST_WAIT,
+            format_duration(self.settings.poll_interval),
+        )
 
     def _notifications(self) -> None:
         conn = self.listen_conn
@@ -489,6 +550,8 @@ class Supervisor:
                     self._control(note.extra.decode())
                 else:
                     woken = True
+                    if note.extra == self.selftest_payload.encode():
+                        self._selftest_passed()
             if conn.pgconn.status != psycopg.pq.ConnStatus.OK:
                 raise psycopg.OperationalError("LISTEN connection closed")
         except (psycopg.Error, OSError) as exc:
@@ -616,6 +679,7 @@ class Supervisor:
                 self.read_url or self.write_url,
                 limits=self.registry.concurrency_limits,
                 priority_step=self.settings.priority_step,
+                prepare=self.settings.prepare,
             ),
             limits=self.registry.concurrency_limits,
         )
@@ -660,6 +724,10 @@ class Supervisor:
             return False, "not listening"
         if not self.announced_ready:
             return False, "slots starting"
+        if not self.notify_reaches:
+            # Still serving, on the ticker: ready, with the reason an operator needs.
+            poll = format_duration(self.settings.poll_interval)
+            return True, f"polling every {poll}: NOTIFY does not reach the LISTEN connection"
         return True, "listening"
 
     def _finish(self) -> None:

@@ -395,10 +395,9 @@ WHERE m.last_run_at <= now() - make_interval(secs => %(period_s)s)
 RETURNING m.last_run_at
 
 -- name: migrate_lock
-SELECT pg_advisory_lock(hashtext('slotd.migrate'))
-
--- name: migrate_unlock
-SELECT pg_advisory_unlock(hashtext('slotd.migrate'))
+-- Released by the transaction's end, never by a separate statement a pooler could route
+-- to another server session.
+SELECT pg_advisory_xact_lock(hashtext('slotd.migrate'))
 
 -- name: migrate_init
 CREATE TABLE IF NOT EXISTS slotd_schema_migrations (
@@ -419,6 +418,15 @@ LISTEN slotd_wake
 -- name: listen_control
 -- Operator control: cancels to route to the slot holding the lease, pauses to log.
 LISTEN slotd_control
+
+-- name: notify_selftest
+-- Sent by the supervisor on the primary after each LISTEN: proves that a notification
+-- reaches the LISTEN connection (it does not through a transaction-mode pooler).
+SELECT pg_notify('slotd_wake', %(payload)s)
+
+-- name: backend_pid
+-- Compared with the pid the server announced at startup: a pooler announces its own.
+SELECT pg_backend_pid()
 
 -- name: set_time_offset
 -- Test modes only: shift this session's idea of now() is impossible, so the manual queue

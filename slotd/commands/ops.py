@@ -38,7 +38,7 @@ def _repository(ctx: click.Context, role: str) -> Iterator[Repository]:
     embedded server (see db.existing_url)."""
     settings: Settings = ctx.obj
     url = db.primary_url(settings) if role == "enqueue" else db.existing_url(settings)
-    with db.connect(url, role=f"slotd {role}") as conn:
+    with db.connect(url, role=f"slotd {role}", prepare=settings.prepare) as conn:
         yield Repository.from_settings(settings, conn)
 
 

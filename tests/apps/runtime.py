@@ -310,3 +310,14 @@ def loud_error(task: slotd.Task, ctx: slotd.Context) -> None:
 def stuck_continue(task: slotd.Task, ctx: slotd.Context) -> bool:
     _record(task, "start")
     return False  # "continue", having saved nothing
+
+
+@registry.handler("rt.flaky", ceiling=timedelta(seconds=30))
+def flaky(task: slotd.Task, ctx: slotd.Context) -> None:
+    """Fails its attempts up to payload["fail_until"], then succeeds; each attempt recorded,
+    so a test can see every run of a task in order and check that none overlap."""
+    _record(task, "start")
+    if task.attempt <= task.payload.get("fail_until", 0):
+        _record(task, "fail")
+        raise RuntimeError(f"planned failure on attempt {task.attempt}")
+    _record(task, "end")
