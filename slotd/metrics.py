@@ -306,6 +306,12 @@ class Metrics:
             "Claims that found nothing to take (another slot or replica was faster)",
             registry=reg,
         )
+        self._read_lane_misses = Counter(
+            "slotd_read_lane_misses",
+            "Read-lane discoveries whose every candidate was gone on the primary (replica "
+            "lag, or faster slots); each is followed by one discovery on the primary",
+            registry=reg,
+        )
         self._restarts = Counter(
             "slotd_slot_restarts", "Slot or runner process restarts", ["reason"], registry=reg
         )
@@ -369,6 +375,9 @@ class Metrics:
 
     def record_empty_claim(self) -> None:
         self._empty_claims.inc()
+
+    def record_read_lane_miss(self) -> None:
+        self._read_lane_misses.inc()
 
     def record_restart(self, reason: str) -> None:
         self._restarts.labels(reason).inc()

@@ -420,18 +420,28 @@ class Repository:
 
     # discovery and claim
 
+    @property
+    def has_read_lane(self) -> bool:
+        return self.read is not self.write
+
     def discover(
-        self, types: Sequence[str], limit: int = 20, limits: Limits | None = None
+        self,
+        types: Sequence[str],
+        limit: int = 20,
+        limits: Limits | None = None,
+        on_primary: bool = False,
     ) -> list[int]:
         """Candidate ids in delivery order (ordering key, then id), passing over rows that
-        their type's or group's limit holds back right now."""
+        their type's or group's limit holds back right now; from the read lane, or from the
+        primary after a read-lane discovery whose candidates were all gone there."""
         params = {
             "types": list(types),
             "limit": limit,
             "lead_s": self.lead_s,
             **limit_params(limits or {}),
         }
-        rows = self.read.execute(_sql("discover"), params).fetchall()
+        conn = self.write if on_primary else self.read
+        rows = conn.execute(_sql("discover"), params).fetchall()
         self._candidate_types = {task_id: task_type for task_id, task_type in rows}
         return [row[0] for row in rows]
 

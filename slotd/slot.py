@@ -200,24 +200,42 @@ class Slot:
     def _next_claim(self) -> Claimed | None:
         """Claim from what the last discovery found before discovering again: one discovery
         serves up to a batch of claims."""
+        if self.batch and (claimed := self._claim_batch()) is not None:
+            return claimed
+        if not self._discover(on_primary=False):
+            return None
+        if (claimed := self._claim_batch()) is not None:
+            return claimed
+        # Every candidate missed: other slots took them, or a lagging read lane offered rows
+        # the primary already finished. One more look, on the primary (bounded: then the
+        # normal path), so replica lag costs a round trip rather than a poll interval.
         assert self.repo is not None
-        for fresh in (False, True):
-            if fresh or not self.batch:
-                self.batch = self._staggered(
-                    self.repo.discover(
-                        self.claim_registry.types,
-                        self.settings.discovery_batch * self.settings.slots,
-                        self.claim_registry.concurrency_limits,
-                    )
-                )
-                if not self.batch:
-                    return None
-            claimed = self.repo.claim(self.batch, self.claim_registry)
-            if claimed is not None:
-                self._consumed(claimed)
-                return claimed
+        if self.repo.has_read_lane:
+            self._report("read_miss")
+        if not self._discover(on_primary=True):
+            return None
+        return self._claim_batch()
+
+    def _discover(self, on_primary: bool) -> list[int]:
+        assert self.repo is not None
+        limit = self.settings.discovery_batch * self.settings.slots
+        found = self.repo.discover(
+            self.claim_registry.types,
+            limit,
+            self.claim_registry.concurrency_limits,
+            on_primary=on_primary,
+        )
+        self.batch = self._staggered(found)
+        return self.batch
+
+    def _claim_batch(self) -> Claimed | None:
+        assert self.repo is not None
+        claimed = self.repo.claim(self.batch, self.claim_registry)
+        if claimed is None:
             self.batch = []
-        return None
+        else:
+            self._consumed(claimed)
+        return claimed
 
     def _staggered(self, found: list[int]) -> list[int]:
         """The oldest-first candidates, rotated so that slot k of n starts k/n of the way in:

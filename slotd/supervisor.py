@@ -314,6 +314,9 @@ class Supervisor:
             elif kind == "empty":
                 if self.metrics is not None:
                     self.metrics.record_empty_claim()
+            elif kind == "read_miss":
+                if self.metrics is not None:
+                    self.metrics.record_read_lane_miss()
             elif kind == "restart":
                 if self.metrics is not None:
                     self.metrics.record_restart(message[1])
