@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 import re
 from typing import Any
 
@@ -75,6 +76,26 @@ def _checked(url: str) -> str:
     except psycopg.ProgrammingError as exc:
         raise ConfigError(f"bad database URL {redact(url)!r}: {redact(str(exc))}") from None
     return url
+
+
+class Reconnect:
+    """How long to wait before the next connection attempt: doubling from `first` to
+    `cap`, each wait drawn between half and all of it. Capped at seconds, not half a
+    minute: after a failover the new primary should be serving within a few seconds of
+    accepting connections, not at the end of a long backoff; jittered so that every slot
+    and supervisor of a fleet cut off at the same instant does not come back in step."""
+
+    def __init__(self, first: float = 0.25, cap: float = 3.0) -> None:
+        self.first, self.cap = first, cap
+        self.ceiling = first
+
+    def next(self) -> float:
+        delay = random.uniform(self.ceiling / 2, self.ceiling)
+        self.ceiling = min(self.ceiling * 2, self.cap)
+        return delay
+
+    def reset(self) -> None:
+        self.ceiling = self.first
 
 
 PREPARE_MODES = ("auto", "on", "off")

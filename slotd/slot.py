@@ -333,11 +333,12 @@ class Slot:
     # connections
 
     def _connect(self) -> None:
-        delay = 0.5
+        backoff = db.Reconnect()
+        role = f"slotd slot {self.spec.number}"
+        prepare = self.settings.prepare
         while not self.stopping:
+            write = None
             try:
-                role = f"slotd slot {self.spec.number}"
-                prepare = self.settings.prepare
                 write = db.connect(self.spec.write_url, role=role, prepare=prepare)
                 read = (
                     db.connect(self.spec.read_url, role=role, prepare=prepare)
@@ -347,11 +348,13 @@ class Slot:
                 self.repo = Repository.from_settings(self.settings, write, read)
                 return
             except psycopg.OperationalError as exc:
+                if write is not None:
+                    write.close()
+                delay = backoff.next()
                 self.log.warning(
                     "database unreachable, retrying in %.1fs: %s", delay, db.first_line(exc)
                 )
                 self._pause(delay)
-                delay = min(delay * 2, 30.0)
         raise SystemExit(0)
 
     def _reconnect(self, exc: Exception) -> None:

@@ -82,7 +82,7 @@ class Supervisor:
         self.tokens = Tokens(self._send_token)
         self.listen_conn: psycopg.Connection[Any] | None = None
         self.listen_retry_at = 0.0
-        self.listen_backoff = 0.5
+        self.listen_backoff = db.Reconnect()
         self.chores: Chores | None = None
         self.stopping = False
         self.stop_deadline: float | None = None
@@ -466,13 +466,11 @@ class Supervisor:
 
     def _listening(self, done: Done) -> None:
         if done.error is not None:
+            delay = self.listen_backoff.next()
             log.warning(
-                "database unreachable, retrying in %.1fs: %s",
-                self.listen_backoff,
-                db.first_line(done.error),
+                "database unreachable, retrying in %.1fs: %s", delay, db.first_line(done.error)
             )
-            self.listen_retry_at = time.monotonic() + self.listen_backoff
-            self.listen_backoff = min(self.listen_backoff * 2, 30.0)
+            self.listen_retry_at = time.monotonic() + delay
             return
         if self.stopping:
             done.value.close()
@@ -481,7 +479,7 @@ class Supervisor:
         # socket is watched and read with consume_input. Its keepalives (db.connect) notice
         # a peer that died silently.
         self.listen_conn = done.value
-        self.listen_backoff = 0.5
+        self.listen_backoff.reset()
         # Notifications sent while we were deaf are lost: look once now, not at the next tick.
         self.tokens.offer()
         self._maybe_ready()

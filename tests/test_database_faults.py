@@ -8,9 +8,12 @@ import psycopg
 import pytest
 
 import slotd
+from slotd import db
 from slotd.localpg import LocalPostgres, scratch
 from slotd.repository import migrate
-from tests.daemon import Daemon, wait_for
+from tests.daemon import EXECUTIONS, Daemon, wait_for
+from tests.forwarder import Forwarder
+from tests.replica import promote, streaming_replica
 
 
 @pytest.fixture
@@ -31,9 +34,9 @@ def drained(url: str) -> bool:
         return False
 
 
-def enqueue_committed(url: str, n: int = 1) -> None:
+def enqueue_committed(url: str, n: int = 1, task_type: str = "rt.quick") -> None:
     with psycopg.connect(url) as conn:
-        slotd.enqueue_many(conn, [("rt.quick", {}) for _ in range(n)])
+        slotd.enqueue_many(conn, [(task_type, {}) for _ in range(n)])
 
 
 def test_daemon_survives_a_postgresql_restart(own_server: LocalPostgres) -> None:
@@ -73,3 +76,44 @@ def test_daemon_started_before_its_database_waits_then_serves(
         wait_for(lambda: drained(url), what="work once the database came up")
     finally:
         daemon.close()
+
+
+def test_reconnect_waits_are_capped_at_seconds_and_jittered() -> None:
+    backoff = db.Reconnect()
+    waits = [backoff.next() for _ in range(12)]
+    assert all(0 < w <= 3.0 for w in waits)
+    assert max(waits[:2]) < 0.6  # quick at first
+    assert len({round(w, 6) for w in waits[6:]}) > 1  # at the cap, still spread out
+    backoff.reset()
+    assert backoff.next() <= 0.25
+
+
+def test_failover_through_a_switched_forwarder_resumes_and_runs_nothing_twice(
+    own_server: LocalPostgres, daemons: list[Daemon]
+) -> None:
+    """Primary stopped with -m immediate, its streaming replica promoted, the forwarder the
+    daemon connects through switched: LISTEN comes back (with a 10-minute tick only a
+    notification can wake a slot), and no task is lost or run twice."""
+    with psycopg.connect(own_server.url(), autocommit=True) as conn:
+        conn.execute(EXECUTIONS)
+    with streaming_replica(own_server) as replica:
+        forwarder = Forwarder(own_server)
+        try:
+            daemon = Daemon(forwarder.url(), slots=2, env={"SLOTD_POLL_INTERVAL": "10m"})
+            daemons.append(daemon)
+            daemon.start()
+            enqueue_committed(forwarder.url(), 20, "rt.noop")
+            wait_for(lambda: drained(own_server.url()), what="work before the failover")
+            wait_for(lambda: drained(replica.url()), what="the replica caught up")
+            own_server.stop("immediate")
+            promote(replica)
+            forwarder.switch(replica)
+            enqueue_committed(replica.url(), 20, "rt.noop")
+            wait_for(lambda: drained(replica.url()), timeout=60, what="work after the failover")
+            with psycopg.connect(replica.url()) as conn:
+                runs = conn.execute(
+                    "SELECT count(DISTINCT task_id), count(*) FROM executions WHERE phase = 'start'"
+                ).fetchone()
+            assert runs == (40, 40)
+        finally:
+            forwarder.close()
