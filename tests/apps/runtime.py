@@ -177,8 +177,10 @@ async def async_block(task: slotd.Task, ctx: slotd.Context) -> None:
 
 @registry.handler("rt.async_polite", ceiling=timedelta(seconds=60))
 async def async_polite(task: slotd.Task, ctx: slotd.Context) -> None:
-    await _arecord(task, "start")
     try:
+        # Inside the try: the test sees the start row as soon as it commits, and its SIGTERM
+        # can land while this call is still closing its connection.
+        await _arecord(task, "start")
         await asyncio.sleep(3600)
     except asyncio.CancelledError:
         await _arecord(task, "end", note=f"cancelled {ctx.cancelled}")
