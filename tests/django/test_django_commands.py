@@ -83,6 +83,17 @@ def manage(*args: str, env: dict[str, str], **kw: Any) -> subprocess.CompletedPr
     )
 
 
+def manage_py(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(MANAGE), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 @pytest.fixture
 def project_env(django_db_url: str) -> dict[str, str]:
     """The project's environment: its settings read the suite's database; no slotd URL."""
@@ -192,3 +203,40 @@ def test_an_unmigrated_database_is_reported_by_check_and_refused_by_the_commands
         refused = manage(action, env=env)
         assert refused.returncode == 2, refused
         assert "are not applied to database 'default': run manage.py migrate" in refused.stderr
+
+
+def test_a_database_migrated_under_0_1_gets_the_new_sql_from_manage_py_migrate(
+    project_env: dict[str, str], pg_server: Any
+) -> None:
+    """An existing deployment: slotd 0.1's SQL (001-003) applied and Django's 0001 recorded.
+    `manage.py migrate` after the upgrade must bring the rest (0002), or the new claim
+    statement meets tables and columns that are not there."""
+    import psycopg
+
+    from slotd.repository import migrations
+
+    name = f"django_old_{os.getpid()}"
+    with psycopg.connect(pg_server.url(), autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name}")  # type: ignore[arg-type]
+        admin.execute(f"CREATE DATABASE {name}")  # type: ignore[arg-type]
+    env = {**project_env, "SLOTD_DJANGO_TEST_DATABASE_URL": pg_server.url(name)}
+    faked = manage_py("migrate", "slotd", "0001", "--fake", env=env)
+    assert faked.returncode == 0, faked
+    old = [(v, n, b) for v, n, b in migrations() if v <= 3]
+    with psycopg.connect(pg_server.url(name), autocommit=True) as conn:
+        from slotd.repository import statements
+
+        conn.execute(statements()["migrate_init"])  # type: ignore[arg-type]
+        for version, migration, body in old:
+            conn.execute(body)  # type: ignore[arg-type]
+            conn.execute(
+                statements()["migrate_record"],  # type: ignore[arg-type]
+                {"version": version, "name": migration},
+            )
+    migrated = manage_py("migrate", env=env)
+    assert migrated.returncode == 0, migrated
+    with psycopg.connect(pg_server.url(name), autocommit=True) as conn:
+        tables = {row[0] for row in conn.execute("SELECT tablename FROM pg_tables")}
+        applied = [row[0] for row in conn.execute(statements()["migrate_applied"])]  # type: ignore[arg-type]
+    assert {"slotd_paused_types", "slotd_schedules"} <= tables
+    assert sorted(applied) == [v for v, _, _ in migrations()]

@@ -50,3 +50,12 @@ def unapplied_migrations(alias: str) -> list[str]:
     executor = MigrationExecutor(connections[alias])
     plan = executor.migration_plan(executor.loader.graph.leaf_nodes("slotd"))
     return [migration.name for migration, _backwards in plan if migration.app_label == "slotd"]
+
+
+def apply_slotd_schema(apps: Any, schema_editor: Any) -> None:
+    """What slotd's Django migrations run: slotd's own numbered SQL migrations on the
+    migrated database's connection (idempotent, under slotd's migration lock)."""
+    from slotd.contrib.django.results import raw_connection
+    from slotd.repository import migrate
+
+    migrate(raw_connection(schema_editor.connection.alias))

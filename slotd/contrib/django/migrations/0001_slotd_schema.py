@@ -2,16 +2,12 @@
 way `slotd migrate` does: slotd's own numbered SQL migrations, recorded in its own table, so
 running either command first, or both, is fine."""
 
-from typing import Any
-
 from django.db import migrations
 
+from slotd.contrib.django.database import apply_slotd_schema
 
-def apply_slotd_schema(apps: Any, schema_editor: Any) -> None:
-    from slotd.contrib.django.results import raw_connection
-    from slotd.repository import migrate
-
-    migrate(raw_connection(schema_editor.connection.alias))
+# The newest sql/ migration this Django migration brings (tests/test_django_schema.py).
+SLOTD_SQL_THROUGH = 3
 
 
 class Migration(migrations.Migration):

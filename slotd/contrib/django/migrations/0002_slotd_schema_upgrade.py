@@ -1,20 +1,18 @@
-"""Runs slotd's numbered SQL migrations again, for projects that applied 0001 before
-sql/008 (priorities and limits) existed: Django applies each of its migrations once, and
-slotd records its own in its own table, so this is a no-op where they are current."""
-
-from typing import Any
+"""Runs slotd's numbered SQL migrations again, for projects that applied 0001 under slotd
+0.1 (sql/001-003), before worker-owned attempts, schedules, cancel and pause, priorities
+and limits and the dashboard's index existed: Django applies each of its migrations once,
+and slotd records its own in its own table, so this is a no-op where they are current.
+Every release that adds SQL ships one more of these (tests/test_django_schema.py)."""
 
 from django.db import migrations
 
+from slotd.contrib.django.database import apply_slotd_schema
 
-def upgrade_slotd_schema(apps: Any, schema_editor: Any) -> None:
-    from slotd.contrib.django.results import raw_connection
-    from slotd.repository import migrate
-
-    migrate(raw_connection(schema_editor.connection.alias))
+# The newest sql/ migration this Django migration brings (tests/test_django_schema.py).
+SLOTD_SQL_THROUGH = 10
 
 
 class Migration(migrations.Migration):
     atomic = False
     dependencies = [("slotd", "0001_slotd_schema")]
-    operations = [migrations.RunPython(upgrade_slotd_schema, migrations.RunPython.noop)]
+    operations = [migrations.RunPython(apply_slotd_schema, migrations.RunPython.noop)]
