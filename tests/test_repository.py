@@ -444,6 +444,26 @@ def test_dedupe_lookup_is_index_driven_on_a_large_table(
     assert "Seq Scan on slotd_tasks" not in plan, plan
 
 
+def test_claim_is_a_primary_key_look_up_with_statistics_from_an_empty_table(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """A bulk enqueue into a table last analysed empty: with no column statistics the planner
+    guessed a handful of due rows and read every due row through the due index for each
+    claim (40-155 ms at 20,000 rows under load, until autoanalyze). The claim's candidates
+    are a few known ids: the primary key is the only plan whatever the statistics say."""
+    conn.execute("ALTER TABLE slotd_tasks SET (autovacuum_enabled = false)")
+    conn.execute("ANALYZE slotd_tasks")
+    ids = slotd.enqueue_many(conn, [("plain", {}) for _ in range(5000)])
+    params = Repository(conn)._claim_params(ids[:80], registry_of("plain", "other"))
+    for name, extra in (("claim", {}), ("dequeue_claim", {"id": ids[-1], "done_token": None})):
+        plan = "\n".join(
+            r[0] for r in conn.execute("EXPLAIN " + statements()[name], {**params, **extra})
+        )
+        picked = plan[plan.index("CTE picked") : plan.index("CTE claimed")]
+        assert "slotd_tasks_pkey" in picked, plan
+        assert "slotd_tasks_due" not in picked, plan
+
+
 def test_keyed_enqueue_whose_rival_finished_between_its_statements_inserts_its_own(
     db_url: str,
 ) -> None:
