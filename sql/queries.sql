@@ -90,6 +90,18 @@ coalesce(t.cancelled_at, t.last_attempted_at)
        END)
  END)
 
+-- predicate: type_not_full
+-- Types at their max_running, counted once per statement (a hashed SubPlan, as for
+-- paused types): a row of a full type is passed over by one hash probe instead of a count
+-- of its type's leases per row. within_limits still decides the rest (groups, the claim).
+(t.task_type NOT IN (
+    SELECT lt.task_type
+    FROM unnest(%(limited)s::text[], %(max_running)s::int[]) AS lt(task_type, max_running)
+    WHERE lt.max_running IS NOT NULL
+      AND (SELECT count(*) FROM slotd_tasks l
+           WHERE l.task_type = lt.task_type AND l.lease_token IS NOT NULL
+             AND l.lease_expires_at > now()) >= lt.max_running))
+
 -- name: bound
 -- SET LOCAL semantics, so the bound holds behind a transaction-mode pooler too.
 SELECT set_config('statement_timeout', %(statement_timeout)s, true),
@@ -162,7 +174,7 @@ ORDER BY t.id LIMIT 1
 -- here (a read, no attempt burnt), so a head of blocked rows never hides the work behind it.
 SELECT t.id, t.task_type FROM slotd_tasks t
 WHERE {claimable} AND {in_order_window} AND t.task_type = ANY(%(types)s::text[])
-  AND {within_limits}
+  AND {type_not_full} AND {within_limits}
 ORDER BY t.order_at, t.id
 LIMIT %(limit)s
 
