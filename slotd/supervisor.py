@@ -450,12 +450,15 @@ class Supervisor:
     def _listen(self) -> None:
         """Open the LISTEN connection on the chores thread; `_listening` takes it over."""
         url, prepare = self.listen_url, self.settings.prepare
+        first = not self.announced_ready
 
         def job() -> psycopg.Connection[Any]:
             conn = db.connect(url, role="slotd listen", prepare=prepare)
             try:
                 repository.listen(conn)
                 repository.listen_control(conn)
+                if first:  # pauses made before we listened are told nowhere else
+                    _log_pauses(repository.paused_types(conn))
             except BaseException:
                 conn.close()
                 raise
@@ -749,3 +752,16 @@ class Supervisor:
         if self.server is not None:
             self.server.close()
         log.info("stopped")
+
+
+def _log_pauses(paused: list[dict[str, Any]]) -> None:
+    for pause in paused:
+        until = pause["until"]
+        log.info(
+            "task type %s is paused (by %s since %s, %s): not claiming it",
+            pause["task_type"],
+            pause["paused_by"],
+            pause["paused_at"].isoformat(timespec="seconds"),
+            f"until {until.isoformat(timespec='seconds')}" if until else "until resumed",
+            extra={"task_type": pause["task_type"], "by": pause["paused_by"]},
+        )

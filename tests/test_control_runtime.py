@@ -75,7 +75,8 @@ def test_type_paused_before_a_replica_starts_is_not_claimed_and_resumes_at_until
     assert paused.returncode == 0, paused.stderr
     [pause] = paused_types(qconn)
     flowing = slotd.enqueue_many(qconn, [("rt.quick", {"n": n}) for n in range(100)])
-    start(daemons, db_url, slots=2)
+    daemon = start(daemons, db_url, slots=2)
+    daemon.wait_line(r"task type rt\.noop is paused \(by \S+@\S+ since .*, until ")
     wait_for(lambda: remaining(qconn, flowing) == 0, what="the other type to drain")
     # At the pause's end the backlog is claimed (by the poll: nothing announces the end).
     wait_for(lambda: remaining(qconn, held) == 0, timeout=60, what="the paused type to resume")
