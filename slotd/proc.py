@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import math
 import os
 import select
 import signal
@@ -51,8 +52,15 @@ def _blind_inherited_connections() -> None:
 os.register_at_fork(after_in_child=_blind_inherited_connections)
 
 
+_title = ""
+
+
 def set_title(title: str) -> None:
-    setproctitle.setproctitle(f"slotd: {title}")
+    # Callers set it on every pass of their loops; the syscall is paid only for a new text.
+    global _title
+    if title != _title:
+        _title = title
+        setproctitle.setproctitle(f"slotd: {title}")
 
 
 def die_with_parent(sig: int, parent: int) -> None:
@@ -264,3 +272,32 @@ class SelfPipe:
         signal.set_wakeup_fd(-1)
         os.close(self.r)
         os.close(self.w)
+
+
+class Waiter:
+    """multiprocessing.connection.wait() with one poll object kept across calls.
+
+    wait() builds a selector, registers every object and closes it again on each call: in a
+    busy supervisor or slot that is once or twice per task, the supervisor's largest cost
+    after unpickling (tests/bench/cpu_per_task.py --py-spy). poll() hands the kernel the
+    whole fd list on every call, so what is kept here is only the registration: a changed
+    list re-registers, and an fd number reused by a new object is polled as that object."""
+
+    def __init__(self) -> None:
+        self._poll = select.poll()
+        self._fds: tuple[int, ...] = ()
+        self._at: dict[int, list[int]] = {}
+
+    def wait(self, objects: list[Any], timeout: float | None = None) -> list[Any]:
+        fds = tuple(o if isinstance(o, int) else o.fileno() for o in objects)
+        if fds != self._fds:
+            self._poll = select.poll()
+            self._at = {}
+            for i, fd in enumerate(fds):
+                if fd not in self._at:
+                    self._poll.register(fd, select.POLLIN)
+                self._at.setdefault(fd, []).append(i)
+            self._fds = fds
+        ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
+        # Any event counts as ready, as in wait(): a hang-up or an error is read as EOF.
+        return [objects[i] for fd, _ in self._poll.poll(ms) for i in self._at[fd]]

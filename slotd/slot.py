@@ -101,6 +101,7 @@ class Slot:
         self.woken = False  # a wake token that arrived while a task ran
         self.sup_open = True
         self.log = logs.FieldsAdapter(log, {"slot": spec.number})
+        self.waiter = proc.Waiter()
 
     # process set-up and the loop
 
@@ -269,7 +270,7 @@ class Slot:
                 watched.append(self.runner.watch)
             # Without a pidfd, look at the runner once a second instead.
             blind = self.runner is None or self.runner.watch.fd is None
-            ready = wait(watched, timeout=1.0 if blind else None)
+            ready = self.waiter.wait(watched, timeout=1.0 if blind else None)
             if self.selfpipe in ready:
                 self.selfpipe.drain()
             if self.runner is not None and (
@@ -563,7 +564,9 @@ class Slot:
             watched = [runner_.conn, self.selfpipe]
             if runner_.watch.fd is not None:  # no pidfd (old kernel, seccomp): polled below
                 watched.append(runner_.watch)
-            ready = wait([*watched, self.sup] if self.sup_open else watched, timeout=timeout)
+            ready = self.waiter.wait(
+                [*watched, self.sup] if self.sup_open else watched, timeout=timeout
+            )
             if self.selfpipe in ready:
                 self.selfpipe.drain()
             if self.sup in ready:

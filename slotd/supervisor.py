@@ -17,7 +17,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any
 
 import psycopg
@@ -71,6 +71,7 @@ class Supervisor:
         self.app = app
         self.registry = registry
         self.settings = settings
+        self.waiter = proc.Waiter()  # one poll object for the loop's life
         self.write_url = write_url
         self.read_url = read_url
         self.listen_url = db.listen_url(settings, write_url)
@@ -155,7 +156,7 @@ class Supervisor:
             if watchdog_every:
                 timers.append(next_watchdog)
             timeout = max(0.0, min(timers) - time.monotonic())
-            self._dispatch(wait(self._watched(), timeout=timeout))
+            self._dispatch(self.waiter.wait(self._watched(), timeout=timeout))
         self._finish()
         return self.exit_code
 

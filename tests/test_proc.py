@@ -54,3 +54,22 @@ def test_a_child_of_pid_1_is_not_mistaken_for_an_orphan() -> None:
             os._exit(0)
     _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+def test_waiter_answers_as_multiprocessing_wait_across_changing_lists() -> None:
+    from multiprocessing import Pipe
+
+    waiter = proc.Waiter()
+    a_in, a_out = Pipe(duplex=False)
+    b_in, b_out = Pipe(duplex=False)
+    assert waiter.wait([a_in, b_in], timeout=0) == []
+    b_out.send("x")
+    assert waiter.wait([a_in, b_in], timeout=5) == [b_in]
+    assert waiter.wait([a_in], timeout=0) == []  # a smaller list: b is no longer watched
+    a_out.send("y")
+    assert set(map(id, waiter.wait([b_in, a_in], timeout=5))) == {id(a_in), id(b_in)}
+    a_in.recv(), b_in.recv()
+    r, w = os.pipe()  # a raw fd, as the supervisor watches its LISTEN socket
+    os.close(w)  # the writer's end closed: an EOF is ready, as in wait()
+    assert waiter.wait([a_in, r], timeout=5) == [r]
+    os.close(r)

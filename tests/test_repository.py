@@ -510,3 +510,24 @@ def test_keyed_enqueue_whose_rival_finished_between_its_statements_inserts_its_o
         assert watch.execute(keyed).fetchall() == [(task_id,)]
     rival.close()
     ours.close()
+
+
+def test_claim_arrays_round_trip_as_literals_and_follow_a_registry_that_grows(
+    conn: psycopg.Connection[Any], repo: Repository
+) -> None:
+    from slotd.repository import array_literal
+
+    names = ["plain", 'with "quote"', "back\\slash", "comma,brace{}", "spaced name", "NULL", ""]
+    got = conn.execute(
+        "SELECT %s::text[], %s::float8[], %s::int[]",
+        (array_literal(names), array_literal([0.1, 30.0, 1e-7]), array_literal([1, None, 3])),
+    ).fetchone()
+    assert got == (names, [0.1, 30.0, 1e-7], [1, None, 3])
+
+    reg = registry_of("plain")
+    (first,) = slotd.enqueue_many(conn, [("plain", {})])
+    assert repo.claim([first], reg) is not None
+    reg.register("plain.later", lambda task, ctx: None, ceiling=MINUTE)  # after the first claim
+    (second,) = slotd.enqueue_many(conn, [("plain.later", {})])
+    claimed = repo.claim([second], reg)
+    assert claimed is not None and claimed.task_type == "plain.later"
