@@ -301,3 +301,12 @@ class Waiter:
         ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
         # Any event counts as ready, as in wait(): a hang-up or an error is read as EOF.
         return [objects[i] for fd, _ in self._poll.poll(ms) for i in self._at[fd]]
+
+
+def ready_now(conn: Any) -> bool:
+    """conn.poll() for a multiprocessing Connection without its cost: poll() goes through
+    wait() and builds a selector each time, and a reader that drains messages in a loop
+    asks once per message. A bare poll(2) with a zero timeout answers the same."""
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    return bool(poller.poll(0))

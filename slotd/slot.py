@@ -596,7 +596,7 @@ class Slot:
                 return result
 
     def _from_supervisor(self, claimed: Claimed) -> None:
-        while self.sup.poll():
+        while proc.ready_now(self.sup):
             try:
                 message = self.sup.recv()
             except (EOFError, OSError):

@@ -281,7 +281,7 @@ class Supervisor:
             proc.reap_orphans({h.pid for h in self.slots.values()})
 
     def _from_slot(self, handle: SlotHandle) -> None:
-        while handle.conn.poll():
+        while proc.ready_now(handle.conn):
             try:
                 message = handle.conn.recv()
             except (EOFError, OSError):

@@ -270,13 +270,17 @@ def test_a_head_of_blocked_tasks_is_passed_over_without_burning_attempts(
     assert nxt is not None and nxt.id == blocked[1]
 
 
-def _in_flight(rconn: psycopg.Connection[Any], fleet: list[Daemon]) -> Any:
-    """(replica, task id) of a run in progress, to kill that replica under it."""
+def _in_flight(rconn: psycopg.Connection[Any], fleet: list[Daemon], long: list[int]) -> Any:
+    """(replica, task id) of a long run in progress with most of its 0.5 s still ahead, to
+    kill that replica under it (a short run, or one about to end, could be settled before
+    the kill lands)."""
     for daemon in fleet:
         pids = [p.pid for p in daemon.tree()]
         row = rconn.execute(
-            "SELECT task_id FROM runs WHERE ended_at IS NULL AND pid = ANY(%s) LIMIT 1",
-            (pids,),
+            "SELECT task_id FROM runs WHERE ended_at IS NULL AND pid = ANY(%s)"
+            " AND task_id = ANY(%s) AND started_at > clock_timestamp() - interval '0.2 s'"
+            " LIMIT 1",
+            (pids, long),
         ).fetchone()
         if row:
             return daemon, row
@@ -292,10 +296,10 @@ def test_max_running_2_holds_across_3_replicas_of_4_slots_through_a_kill_9(
     # killed below has one in flight.
     items = [("lim.two", {"sleep": 0.5 if n % 25 == 0 else 0.005}) for n in range(total)]
     with LeaseSampler(db_url, "lim.two") as sampler:
-        slotd.enqueue_many(rconn, items)
+        long = slotd.enqueue_many(rconn, items)[::25]
         wait_for(lambda: len(runs(rconn, "lim.two")) >= total // 3, timeout=120,
                  what="a third of the tasks to start")  # fmt: skip
-        victim, orphan = wait_for(lambda: _in_flight(rconn, fleet), timeout=60,
+        victim, orphan = wait_for(lambda: _in_flight(rconn, fleet, long), timeout=60,
                                   what="a long task in flight")  # fmt: skip
         os.killpg(victim.pid, signal.SIGKILL)  # supervisor and slots; runners follow them
         victim.wait(10)

@@ -73,3 +73,16 @@ def test_waiter_answers_as_multiprocessing_wait_across_changing_lists() -> None:
     os.close(w)  # the writer's end closed: an EOF is ready, as in wait()
     assert waiter.wait([a_in, r], timeout=5) == [r]
     os.close(r)
+
+
+def test_ready_now_is_connection_poll() -> None:
+    from multiprocessing import Pipe
+
+    reader, writer = Pipe(duplex=False)
+    assert not proc.ready_now(reader) and not reader.poll()
+    writer.send(("settled", 1))
+    assert proc.ready_now(reader) and reader.poll()
+    reader.recv()
+    assert not proc.ready_now(reader)
+    writer.close()  # EOF is ready, as for poll(): the reader's recv() then raises EOFError
+    assert proc.ready_now(reader) and reader.poll()
