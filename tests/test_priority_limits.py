@@ -271,14 +271,14 @@ def test_a_head_of_blocked_tasks_is_passed_over_without_burning_attempts(
 
 
 def _in_flight(rconn: psycopg.Connection[Any], fleet: list[Daemon], long: list[int]) -> Any:
-    """(replica, task id) of a long run in progress with most of its 0.5 s still ahead, to
-    kill that replica under it (a short run, or one about to end, could be settled before
-    the kill lands)."""
+    """(replica, task id) of a holding run that started a moment ago, so most of its ~1.4 s
+    is still ahead: the replica is killed under it (a short run, or one about to end, could
+    be settled before the kill lands on a loaded machine)."""
     for daemon in fleet:
         pids = [p.pid for p in daemon.tree()]
         row = rconn.execute(
             "SELECT task_id FROM runs WHERE ended_at IS NULL AND pid = ANY(%s)"
-            " AND task_id = ANY(%s) AND started_at > clock_timestamp() - interval '0.2 s'"
+            " AND task_id = ANY(%s) AND started_at > clock_timestamp() - interval '0.6 s'"
             " LIMIT 1",
             (pids, long),
         ).fetchone()
@@ -292,11 +292,11 @@ def test_max_running_2_holds_across_3_replicas_of_4_slots_through_a_kill_9(
 ) -> None:
     total = int(os.environ.get("SLOTD_TEST_LIMIT_TASKS", "600"))
     fleet = [start(daemons, db_url, slots=4) for _ in range(3)]
-    # Mostly short tasks; every 25th holds its place for half a second, so the replica
-    # killed below has one in flight.
-    items = [("lim.two", {"sleep": 0.5 if n % 25 == 0 else 0.005}) for n in range(total)]
+    # Mostly short tasks; every 50th holds its place until just before its deadline, so
+    # the replica killed below has one in flight with time to spare.
+    items = [("lim.two", {"sleep": 0.005, "hold": n % 50 == 0}) for n in range(total)]
     with LeaseSampler(db_url, "lim.two") as sampler:
-        long = slotd.enqueue_many(rconn, items)[::25]
+        long = slotd.enqueue_many(rconn, items)[::50]
         wait_for(lambda: len(runs(rconn, "lim.two")) >= total // 3, timeout=120,
                  what="a third of the tasks to start")  # fmt: skip
         victim, orphan = wait_for(lambda: _in_flight(rconn, fleet, long), timeout=60,
