@@ -172,10 +172,21 @@ ORDER BY t.id LIMIT 1
 -- name: discover
 -- In ordering-key order. Rows their own type's or group's limit holds back are passed over
 -- here (a read, no attempt burnt), so a head of blocked rows never hides the work behind it.
-SELECT t.id, t.task_type FROM slotd_tasks t
-WHERE {claimable} AND {in_order_window} AND t.task_type = ANY(%(types)s::text[])
-  AND {type_not_full} AND {within_limits}
-ORDER BY t.order_at, t.id
+-- Index-driven per served type (slotd_tasks_order_by_type, sql/011): each type's first
+-- claimable rows by one range scan, then merged by the ordering key, so rows of types this
+-- replica does not serve are never read (an ordered scan over all types walked past them).
+-- The key (order_at, id) appears inside and outside the LATERAL. DISTINCT: a type listed
+-- twice still yields its rows once. tests/test_repository.py pins the plan.
+SELECT d.id, d.task_type
+FROM (SELECT DISTINCT s.task_type FROM unnest(%(types)s::text[]) AS s(task_type)) served
+CROSS JOIN LATERAL (
+    SELECT t.id, t.task_type, t.order_at FROM slotd_tasks t
+    WHERE t.task_type = served.task_type AND {claimable} AND {in_order_window}
+      AND {type_not_full} AND {within_limits}
+    ORDER BY t.order_at, t.id
+    LIMIT %(limit)s
+) d
+ORDER BY d.order_at, d.id
 LIMIT %(limit)s
 
 -- fragment: claim_ctes
@@ -303,8 +314,23 @@ WITH released AS (
 SELECT r.id FROM released r
 LEFT JOIN LATERAL (SELECT pg_notify('slotd_wake', '')) n ON r.retryable
 
+-- fragment: live_types
+-- The types with live rows, by a loose index scan of a per-type partial index (one descent
+-- per type, never a read of the rows), for the per-type oldest-due reads. Its last row is
+-- NULL (the descent that found no further type): readers skip it.
+RECURSIVE live_types(task_type) AS (
+    (SELECT t.task_type FROM slotd_tasks t WHERE {retryable}
+     ORDER BY t.task_type LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.task_type FROM slotd_tasks t
+            WHERE {retryable} AND t.task_type > l.task_type
+            ORDER BY t.task_type LIMIT 1)
+    FROM live_types l WHERE l.task_type IS NOT NULL
+)
+
 -- name: gauges
 -- One round trip for every fleet gauge; each branch is driven by its own partial index.
+WITH {live_types}
 SELECT 'pending' AS kind, t.task_type, count(*)::float8 AS value
 FROM slotd_tasks t WHERE {retryable} GROUP BY t.task_type
 UNION ALL
@@ -325,9 +351,17 @@ SELECT 'oldest_due', NULL, coalesce(extract(epoch FROM now() - (
     -- The wait of the task that runs next: exact without priorities; with them it may
     -- read up to 200 x the step less than the longest wait (see README, Priorities).
     -- Rows held back only by their own limit are not waiting on the fleet: left out.
-    SELECT t.run_at FROM slotd_tasks t
-    WHERE {claimable} AND {in_order_window} AND {within_limits}
-    ORDER BY t.order_at, t.id LIMIT 1))::float8, 0)
+    -- Each live type's first row by the ordering key (slotd_tasks_order_by_type), then the
+    -- first of those: the same row as one ordered scan over all types would find.
+    SELECT first.run_at FROM live_types l
+    CROSS JOIN LATERAL (
+        SELECT t.run_at, t.order_at, t.id FROM slotd_tasks t
+        WHERE t.task_type = l.task_type
+          AND {claimable} AND {in_order_window} AND {within_limits}
+        ORDER BY t.order_at, t.id LIMIT 1
+    ) first
+    WHERE l.task_type IS NOT NULL
+    ORDER BY first.order_at, first.id LIMIT 1))::float8, 0)
 
 -- name: dead_list
 SELECT t.id, t.task_type, t.key, t.payload, t.attempt_count, t.last_error,
@@ -465,11 +499,17 @@ WHERE t.lease_token IS NOT NULL AND {lease_live}
 
 -- name: oldest_due_by_type
 -- `slotd status` only, never a scrape: per-type wait, the same claimable predicate as the
--- oldest-due gauge. Reads the due rows of slotd_tasks_order once.
-SELECT t.task_type, extract(epoch FROM now() - min(t.run_at))::float8 AS oldest_due_s
-FROM slotd_tasks t
-WHERE {claimable} AND {in_order_window}
-GROUP BY t.task_type
+-- oldest-due gauge. Per live type, its earliest due row through slotd_tasks_due_by_type
+-- (sql/010): one range scan per type, stopping at the first claimable row.
+WITH {live_types}
+SELECT l.task_type, extract(epoch FROM now() - first.run_at)::float8 AS oldest_due_s
+FROM live_types l
+CROSS JOIN LATERAL (
+    SELECT t.run_at FROM slotd_tasks t
+    WHERE t.task_type = l.task_type AND {claimable} AND {in_order_window}
+    ORDER BY t.run_at LIMIT 1
+) first
+WHERE l.task_type IS NOT NULL
 
 -- name: schema_present
 SELECT to_regclass('slotd_tasks') IS NOT NULL

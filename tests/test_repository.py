@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import multiprocessing
+import re
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 import slotd
 from slotd.errors import LeaseLost
 from slotd.registry import Registry
-from slotd.repository import Repository, migrate, migrations, statements
+from slotd.repository import Repository, limit_params, migrate, migrations, statements
 
 MINUTE = timedelta(minutes=1)
 
@@ -531,3 +534,55 @@ def test_claim_arrays_round_trip_as_literals_and_follow_a_registry_that_grows(
     (second,) = slotd.enqueue_many(conn, [("plain.later", {})])
     claimed = repo.claim([second], reg)
     assert claimed is not None and claimed.task_type == "plain.later"
+
+
+@pytest.mark.parametrize("plan_mode", ["force_custom_plan", "force_generic_plan"])
+def test_discovery_reads_only_the_served_types_rows(
+    conn: psycopg.Connection[Any], plan_mode: str
+) -> None:
+    """Another fleet's 20k due rows of a type this replica does not serve: discovery is one
+    index range scan per served type, never a walk past those rows, whether the planner
+    sees the types (a custom plan) or not (a generic one, as after psycopg prepares)."""
+    conn.execute(
+        "INSERT INTO slotd_tasks (task_type, run_at, order_at) SELECT 'theirs',"
+        " now() - interval '1 hour', now() - interval '1 hour' FROM generate_series(1, 20000)"
+    )
+    conn.execute("VACUUM ANALYZE slotd_tasks")
+    conn.execute(f"SET plan_cache_mode = {plan_mode}")
+    params = {"types": ["mine.a", "mine.b"], "limit": 80, "lead_s": 100.0, **limit_params({})}
+    # A named prepared statement run by EXPLAIN EXECUTE: the plan a prepared statement really
+    # runs (EXPLAIN with bound parameters would plan for their values, a custom plan).
+    names: list[str] = []
+
+    def placeholder(match: re.Match[str]) -> str:
+        names.append(match.group(1)) if match.group(1) not in names else None
+        return f"${names.index(match.group(1)) + 1}"
+
+    text = re.sub(r"%\((\w+)\)s", placeholder, statements()["discover"])
+    conn.execute(f"PREPARE discover_plan AS {text}")  # type: ignore[arg-type]
+    args = ", ".join(sql.Literal(params[n]).as_string(conn) for n in names)
+    cur = conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE discover_plan({args})")  # type: ignore[arg-type]
+    plan = cur.fetchone()[0][0]["Plan"]  # type: ignore[index]
+    generic = re.search(r"\$\d", repr(plan)) is not None
+    assert generic == (plan_mode == "force_generic_plan"), plan
+    # The queue's rows as discovery reads them (alias t); the limit counts (alias l) read
+    # leases through their own index.
+    tasks = [n for n in _nodes(plan) if n.get("Relation Name") == "slotd_tasks"]
+    assert not [n for n in tasks if n["Node Type"] == "Seq Scan"], plan
+    lookups = [n for n in tasks if n.get("Alias") == "t"]
+    assert lookups and all(n["Index Name"] == "slotd_tasks_order_by_type" for n in lookups), plan
+    assert all("(task_type = s.task_type)" in n["Index Cond"] for n in lookups), plan
+    # Not one of the 20k rows was read: each range scan ended where it began.
+    assert all(n["Actual Rows"] == 0 and n.get("Rows Removed by Filter", 0) == 0
+               for n in tasks), plan  # fmt: skip
+    assert Repository(conn).discover(["mine.a", "mine.b"]) == []
+    # The served type's own rows are found, oldest by the ordering key first.
+    first = slotd.enqueue(conn, "mine.b", {}, priority=5)
+    second = slotd.enqueue(conn, "mine.a", {})
+    assert Repository(conn).discover(["mine.a", "mine.b", "mine.a"]) == [first, second]
+
+
+def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from _nodes(child)

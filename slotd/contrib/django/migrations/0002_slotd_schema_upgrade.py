@@ -9,7 +9,7 @@ from django.db import migrations
 from slotd.contrib.django.database import apply_slotd_schema
 
 # The newest sql/ migration this Django migration brings (tests/test_django_schema.py).
-SLOTD_SQL_THROUGH = 10
+SLOTD_SQL_THROUGH = 11
 
 
 class Migration(migrations.Migration):
