@@ -846,6 +846,10 @@ class DashboardReads:
         cur = self.conn.execute(_sql("dash_tables"), {"names": list(self.OPTIONAL_TABLES)})
         return {row[0] for row in cur}
 
+    def schedules(self) -> list[dict[str, Any]]:
+        """`slotd schedules`' statement (one row per schedule, a handful)."""
+        return Repository(self.conn).schedules_overview()
+
     def rows_of(self, table: str, limit: int = 200) -> list[dict[str, Any]]:
         """An optional capability's table, whatever its columns (only OPTIONAL_TABLES)."""
         name = {"slotd_schedules": "dash_schedules"}[table]

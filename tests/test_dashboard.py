@@ -298,14 +298,18 @@ def test_paused_types_show_on_the_overview_and_schedules_page(
     assert "ops@test" in page and "billing" not in page
 
 
-def test_schedules_appear_once_their_table_exists(client: TestClient, conn: Any) -> None:
-    if DashboardReads(conn).tables():
-        pytest.skip("this schema has slotd_schedules: the schedules tests cover it")
-    assert "no schedules table yet" in client.get("/schedules").text
-    conn.execute("CREATE TABLE slotd_schedules (name text PRIMARY KEY, cron text)")
-    conn.execute("INSERT INTO slotd_schedules VALUES ('nightly-audit', '0 3 * * *')")
+def test_schedules_page_shows_next_fire_and_orphans(client: TestClient, conn: Any) -> None:
+    conn.execute(
+        "INSERT INTO slotd_schedules (name, task_type, expression, timezone, catch_up) "
+        "VALUES ('hourly-audit', 'audit', 'every 3600s', 'UTC', 'latest')"
+    )
     page = client.get("/schedules").text
-    assert "nightly-audit" in page and "0 3 * * *" in page
+    row = re.search(r"<tr><td>hourly-audit</td>(.*?)</tr>", page, re.S)
+    assert row, page
+    cells = re.findall(r"<td>([^<]*)</td>", row.group(1))
+    assert cells[0] == "audit" and cells[1] == "every 3600s (UTC)"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", cells[4])  # the next fire
+    assert cells[-1] == "nobody (orphaned)"  # no live replica declares it
 
 
 def test_mounted_under_a_prefix(db_url: str, conn: Any) -> None:

@@ -276,10 +276,22 @@ def test_actions_without_the_token_are_refused(world: dict[str, Any], page: Any)
     assert is_dead(conn, task_id)
 
 
-def test_schedules_page(world: dict[str, Any], page: Any) -> None:
+def test_schedules_page_lists_the_fleets_schedules_and_pauses(
+    world: dict[str, Any], page: Any
+) -> None:
+    conn = world["conn"]
+    wait_for(
+        lambda: conn.execute("SELECT count(*) FROM slotd_schedules").fetchone()[0],
+        what="the replica to record its schedule",
+    )
+    slotd.pause(conn, "report.weekly", by="ops@dashboard-test")
     page.goto(world["base"] + "/schedules")
     assert page.locator("h1").inner_text() == "Schedules & paused types"
+    tables = page.locator("main table")
+    assert "weekly-digest" in tables.nth(0).inner_text()
+    assert "report.weekly" in tables.nth(1).inner_text()
     shot(page, "schedules")
+    slotd.resume(conn, "report.weekly")
 
 
 def test_outcome_chart_shows_what_the_replica_reported(world: dict[str, Any], page: Any) -> None:

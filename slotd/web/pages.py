@@ -194,10 +194,34 @@ def dead(
 def schedules(reads: DashboardReads) -> dict[str, Any]:
     out: dict[str, Any] = {"paused": _table(reads.paused())}
     # Schedules are shown once the database has their table (a migration of their own).
-    out["schedules"] = (
-        _table(reads.rows_of("slotd_schedules")) if "slotd_schedules" in reads.tables() else None
-    )
+    out["schedules"] = _schedules(reads) if "slotd_schedules" in reads.tables() else None
     return out
+
+
+def _schedules(reads: DashboardReads) -> dict[str, Any]:
+    # Next fire and lag computed as `slotd schedules` computes them: one definition.
+    from slotd.commands.schedules import _report
+
+    rows = []
+    for row in map(_report, reads.schedules()):
+        declared = ", ".join(f"{d['hostname']}:{d['pid']}" for d in row["declared_by"])
+        rows.append(
+            {
+                "name": row["name"],
+                "task type": row["task_type"],
+                "when": f"{row['expression']} ({row['timezone']})",
+                "catch up": row["catch_up"],
+                "last fire": _stamp(row["last_fire"]),
+                "next fire": _stamp(row["next_fire"]),
+                "lag": None if row["lag_seconds"] is None else f"{row['lag_seconds']:.0f}s",
+                "declared by": declared or "nobody (orphaned)",
+            }
+        )
+    return _table(rows)
+
+
+def _stamp(value: datetime | None) -> str | None:
+    return value.strftime("%Y-%m-%d %H:%M:%S %Z") if value is not None else None
 
 
 def _table(rows: list[dict[str, Any]]) -> dict[str, Any]:

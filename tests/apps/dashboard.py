@@ -27,3 +27,12 @@ def slow(task: slotd.Task, ctx: slotd.Context) -> None:
 @registry.handler("dash.echo", ceiling=timedelta(seconds=30))
 def echo(task: slotd.Task, ctx: slotd.Context) -> None:
     raise RuntimeError(task.payload["note"])
+
+
+@registry.handler("dash.digest", ceiling=timedelta(seconds=30))
+def digest(task: slotd.Task, ctx: slotd.Context) -> None:
+    pass
+
+
+# Its first fire is a week after the fleet first sees it: on the page, never in the way.
+registry.schedule("weekly-digest", task_type="dash.digest", every=timedelta(days=7))
