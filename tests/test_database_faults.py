@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -104,7 +105,14 @@ def test_failover_through_a_switched_forwarder_resumes_and_runs_nothing_twice(
             daemon.start()
             enqueue_committed(forwarder.url(), 20, "rt.noop")
             wait_for(lambda: drained(own_server.url()), what="work before the failover")
-            wait_for(lambda: drained(replica.url()), what="the replica caught up")
+            # Caught up means it replayed everything the primary wrote, the handlers' own
+            # rows included: an empty queue on the replica is also what a replica that has
+            # not yet seen the enqueue shows, and a -m immediate stop loses what it had not.
+            lsn = _one(own_server.url(), "SELECT pg_current_wal_lsn()::text")
+            wait_for(
+                lambda: _one(replica.url(), f"SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn"),
+                what="the replica caught up",
+            )
             own_server.stop("immediate")
             promote(replica)
             forwarder.switch(replica)
@@ -117,3 +125,9 @@ def test_failover_through_a_switched_forwarder_resumes_and_runs_nothing_twice(
             assert runs == (40, 40)
         finally:
             forwarder.close()
+
+
+def _one(url: str, sql: str) -> Any:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(sql).fetchone()  # type: ignore[arg-type]
+    return row[0] if row else None
