@@ -31,6 +31,14 @@ def test_bench_runs_and_writes_figures(tmp_path: Path) -> None:
     assert text.startswith("## an earlier run\n")  # runs are appended, never replaced
 
 
+def test_peer_script_runs_without_any_peer_installed() -> None:
+    # peers.py runs under two venvs (oban's is Python >= 3.12): a peer imported at module
+    # level would break the others' interpreters.
+    cmd = [sys.executable, str(ROOT / "tests" / "bench" / "peers.py"), "nonsense"]
+    proc = subprocess.run(cmd, cwd="/", capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "unknown command 'nonsense'" in proc.stderr, proc.stderr
+
+
 def test_cpu_per_task_bench_reports_every_role() -> None:
     cmd = [sys.executable, str(ROOT / "tests" / "bench" / "cpu_per_task.py"), "--n", "300",
            "--rounds", "1", "--slots", "2"]  # fmt: skip

@@ -1,5 +1,5 @@
-"""slotd's benchmark: slotd, procrastinate, pgqueuer and the database's own ceiling for
-slotd's statements, side by side on one private PostgreSQL, one run.
+"""slotd's benchmark: slotd, procrastinate, pgqueuer, oban and the database's own ceiling
+for slotd's statements, side by side on one private PostgreSQL, one run.
 
     python tests/bench/run.py            # full run, < 15 min on a 2-core machine
     python tests/bench/run.py --quick    # ~1 min smoke of everything at small counts
@@ -7,8 +7,9 @@ slotd's statements, side by side on one private PostgreSQL, one run.
 
 Appends one section to tests/bench/RESULTS.md per run (never overwrites), so runs sit side
 by side and their noise is visible. The peers are installed (latest from PyPI) into
-tests/bench/.work/venv and run from there; slotd runs as users run it, `slotd run`, with
-the runner hop included.
+tests/bench/.work/venv, oban (oban-py, which needs Python >= 3.12) into
+tests/bench/.work/venv-oban, and run from there; slotd runs as users run it, `slotd run`,
+with the runner hop included.
 
 The server: fsync=on, synchronous_commit=on, full_page_writes=on (a production server's
 durability), shared_buffers=256MB, pg_stat_statements (track=top) to count statements per
@@ -52,10 +53,12 @@ from tests.daemon import Daemon  # noqa: E402
 HERE = Path(__file__).resolve().parent
 WORK = HERE / ".work"
 VENV = WORK / "venv"
+VENV_OBAN = WORK / "venv-oban"  # oban-py needs Python >= 3.12; the other peers run on ours
 APP = "tests.bench.app:registry"
 DB = "bench"
 KEEP = "bench-keep"  # in-process connections that clean() must not terminate
 PEER_PKGS = ["procrastinate", "pgqueuer", "psycopg[binary]", "psycopg-pool", "asyncpg"]
+OBAN_PKGS = ["oban"]
 
 
 @dataclass(frozen=True)
@@ -529,6 +532,8 @@ class Bench:
                 "-D",
                 "ceilings={30}",
                 "-D",
+                "types_max_attempts={20}",  # not max_attempts: \aset sets that name
+                "-D",
                 "margin=30",
                 "-D",
                 "id=0",
@@ -557,16 +562,26 @@ class Bench:
     # peers
 
     def bench_peers(self) -> None:
-        py = str(VENV / "bin" / "python")
-        subprocess.run([py, str(HERE / "peers.py"), "install", self.url("bench")], check=True)
+        for system in _PEER_LEFT:
+            install = [_peer_python(system), str(HERE / "peers.py"), "install", system]
+            subprocess.run([*install, self.url("bench")], check=True)
+        # (label, system, knobs, also measure start latency and idle cost on this worker)
         runs = [
-            ("procrastinate concurrency=4", "procrastinate", ["conc=4"]),
-            ("pgqueuer defaults (batch 10)", "pgqueuer", []),
-            ("pgqueuer batch_size=1, max_concurrent_tasks=4", "pgqueuer", ["batch=1", "conc=4"]),
+            ("procrastinate concurrency=4", "procrastinate", ["conc=4"], True),
+            ("pgqueuer defaults (batch 10)", "pgqueuer", [], False),
+            (
+                "pgqueuer batch_size=1, max_concurrent_tasks=4",
+                "pgqueuer",
+                ["batch=1", "conc=4"],
+                True,
+            ),
+            ('oban queues={"default": 4}, defaults otherwise', "oban", ["conc=4"], True),
         ]
         drains: dict[str, Any] = {}
         lats: dict[str, Any] = {}
-        for label, system, knobs in runs:
+        idle: dict[str, Any] = {}
+        for label, system, knobs, paced in runs:
+            py = _peer_python(system)
             self._clean_peers()
             with self.peer(system, knobs) as outdir:
                 self.reset_stats()
@@ -590,9 +605,10 @@ class Bench:
                 drains[label] = {
                     "tasks_per_s": round(self.p.peer_n / (t1 - t0), 1),
                     "stmts_per_task": round((s1["stmts"] - s0["stmts"]) / self.p.peer_n, 3),
+                    "mix": self.mix(self.p.peer_n, 4),
                 }
                 log(f"  {label}: {drains[label]}")
-                if "batch_size=1" in label or system == "procrastinate":
+                if paced:
                     self._clean_peers(keep_workers=True)
                     subprocess.run(
                         [
@@ -610,8 +626,14 @@ class Bench:
                     time.sleep(0.3)
                     lats[label] = _lat_summary(_read_floats(outdir, "lat-"))
                     log(f"  {label} latency: {lats[label]}")
+                    # The same worker, idle, as slotd's replica is measured: its own
+                    # defaults decide what it polls.
+                    time.sleep(self.p.idle_warmup_s)
+                    idle[f"{label}, 1 worker"] = self.idle_window()
+                    log(f"  {label} idle: {idle[f'{label}, 1 worker']}")
         self.results["peers"] = drains
         self.results.setdefault("latency", {}).update(lats)
+        self.results.setdefault("idle", {}).update(idle)
 
     def _clean_peers(self, keep_workers: bool = False) -> None:
         if not keep_workers:
@@ -619,8 +641,12 @@ class Bench:
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                 "WHERE usename IN ('bench', 'bench_enq') AND pid <> pg_backend_pid()"
             )
+        # oban keeps finished jobs (its pruner deletes them after a day); its leader and
+        # producer rows belong to a running worker, so they go only with the workers.
+        oban = "oban_jobs" if keep_workers else "oban_jobs, oban_leaders, oban_producers"
         self.admin.execute(
-            "TRUNCATE procrastinate_jobs, procrastinate_events, pgqueuer, pgqueuer_log CASCADE"
+            "TRUNCATE procrastinate_jobs, procrastinate_events, pgqueuer, pgqueuer_log, "
+            f"{oban} CASCADE"
         )
         self.admin.execute("CHECKPOINT")
 
@@ -629,7 +655,7 @@ class Bench:
         outdir = Path(tempfile.mkdtemp(prefix="peer-", dir=self.tmp))
         p = subprocess.Popen(
             [
-                str(VENV / "bin" / "python"),
+                _peer_python(system),
                 str(HERE / "peers.py"),
                 "work",
                 system,
@@ -690,9 +716,10 @@ class FileLogDaemon(Daemon):
         raise RuntimeError(f"slotd run: no log line matching {pattern!r}:\n{tail}")
 
 
-_PEER_LEFT = {
+_PEER_LEFT = {  # every peer: the table and filter of its unfinished jobs
     "procrastinate": ("procrastinate_jobs", "WHERE status IN ('todo', 'doing')"),
     "pgqueuer": ("pgqueuer", ""),
+    "oban": ("oban_jobs", "WHERE state IN ('available', 'executing', 'scheduled', 'retryable')"),
 }
 
 
@@ -731,7 +758,7 @@ def pgbench_script() -> str:
     }
     discover = (
         s["discover"]
-        .replace("SELECT t.id, t.task_type FROM", "SELECT t.id FROM")
+        .replace("SELECT d.id, d.task_type\nFROM", "SELECT d.id\nFROM")
         .replace("%(types)s", ":types")
         .replace("%(limit)s", "20")
     )
@@ -744,11 +771,13 @@ def pgbench_script() -> str:
         claim.replace("%(ids)s::bigint[]", f"ARRAY({discover})")
         .replace("%(types)s", ":types")
         .replace("%(ceilings_s)s", ":ceilings")
+        .replace("%(max_attempts)s", ":types_max_attempts")
         .replace("%(margin_s)s", ":margin")
         .replace("%(token)s::uuid", "gen_random_uuid()")
     )
     dequeue = s["dequeue"].replace("%(id)s", ":id").replace("%(token)s", ":lease_token")
     assert "%(" not in claim + dequeue, "a parameter pgbench cannot bind"
+    assert "SELECT d.id\nFROM" in claim, "discovery no longer yields the ids alone"
     # \aset, not \gset: a claim that finds nothing assigns nothing instead of aborting, and
     # the dequeue then matches no row (the previous task's id is already gone).
     return f"{claim}\n\\aset\n{dequeue};\n"
@@ -801,18 +830,44 @@ def _lat_summary(samples: list[float]) -> dict[str, Any]:
     }
 
 
+def _peer_python(system: str) -> str:
+    return str((VENV_OBAN if system == "oban" else VENV) / "bin" / "python")
+
+
+def _python312() -> str:
+    """An interpreter oban-py accepts (>= 3.12): ours, one on PATH, or one pyenv installed."""
+    if sys.version_info >= (3, 12):
+        return sys.executable
+    for name in ("python3.12", "python3.13", "python3.14"):
+        if found := shutil.which(name):
+            return found
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        root = subprocess.run(
+            ["pyenv", "root"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for found in sorted(Path(root).glob("versions/3.1[2-9]*/bin/python3.1[2-9]")):
+            return str(found)
+    raise SystemExit("oban needs Python >= 3.12: none on PATH or in pyenv (or use --only slotd)")
+
+
 def ensure_venv() -> dict[str, str]:
-    if not (VENV / "bin" / "python").exists():
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    pip = [str(VENV / "bin" / "python"), "-m", "pip", "install", "-q", "--upgrade"]
-    subprocess.run([*pip, *PEER_PKGS], check=True)
-    freeze = subprocess.run(
-        [str(VENV / "bin" / "python"), "-m", "pip", "freeze"], capture_output=True, text=True
-    ).stdout
-    wanted = ("procrastinate", "pgqueuer", "asyncpg")
-    return dict(
-        line.split("==", 1) for line in freeze.splitlines() if line.split("==")[0] in wanted
-    )
+    """Both peer venvs, created on first use, peers upgraded to the latest on every run."""
+    versions: dict[str, str] = {}
+    for venv, base, pkgs, wanted in (
+        (VENV, sys.executable, PEER_PKGS, ("procrastinate", "pgqueuer", "asyncpg")),
+        (VENV_OBAN, None, OBAN_PKGS, ("oban",)),
+    ):
+        py = str(venv / "bin" / "python")
+        if not Path(py).exists():
+            subprocess.run([base or _python312(), "-m", "venv", str(venv)], check=True)
+        subprocess.run([py, "-m", "pip", "install", "-q", "--upgrade", *pkgs], check=True)
+        freeze = subprocess.run([py, "-m", "pip", "freeze"], capture_output=True, text=True)
+        versions.update(
+            line.split("==", 1)
+            for line in freeze.stdout.splitlines()
+            if line.split("==")[0] in wanted
+        )
+    return versions
 
 
 # the report
@@ -894,7 +949,7 @@ def render(r: dict[str, Any], header: dict[str, Any]) -> str:
     if "idle" in r:
         lines += [
             "",
-            "### 3. Idle cost on the primary (default 5 s poll)",
+            "### 3. Idle cost on the primary (slotd: default 5 s poll; peers: their defaults)",
             "",
             "| fleet | worker stmts/s | db xacts/s | top statements (per s) |",
             "|---|---|---|---|",
@@ -985,7 +1040,7 @@ def main() -> int:
     started = time.time()
     versions: dict[str, str] = {}
     if a.only == "all":
-        log("peers: installing the latest procrastinate and pgqueuer into tests/bench/.work/venv")
+        log("peers: installing the latest procrastinate, pgqueuer and oban (tests/bench/.work/)")
         versions = ensure_venv()
     bench = Bench(profile, a.synchronous_commit, a.results)
 
