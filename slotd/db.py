@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import re
+import weakref
 from typing import Any
 
 import psycopg
@@ -105,6 +106,7 @@ PREPARE_ADVICE = (
     "SLOTD_PREPARE=off"
 )
 _said_pooled = False
+_pooled: weakref.WeakKeyDictionary[psycopg.Connection[Any], bool] = weakref.WeakKeyDictionary()
 
 
 def connect(
@@ -151,8 +153,18 @@ def pooled(conn: psycopg.Connection[Any]) -> bool:
     itself and hands the client a cancel key of its own making (it must route cancels to
     whichever server connection is busy), so the backend pid the client was told differs
     from the pid of the server process running our statements. A plain TCP forwarder
-    relays the server's own key and is, rightly, not a pooler."""
-    return repository.backend_pid(conn) != conn.info.backend_pid
+    relays the server's own key and is, rightly, not a pooler. Asked once per connection."""
+    known = _pooled.get(conn)
+    if known is None:
+        known = _pooled[conn] = repository.backend_pid(conn) != conn.info.backend_pid
+    return known
+
+
+def session_is_ours(conn: psycopg.Connection[Any], prepare: str) -> bool:
+    """Whether settings made on this connection's session stay with our statements: a
+    direct connection, and not one the operator declared pooled (SLOTD_PREPARE=off is what
+    a transaction-mode pooler needs, so it is taken as that pooler's sign too)."""
+    return prepare != "off" and not pooled(conn)
 
 
 def is_prepare_error(exc: BaseException) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from datetime import UTC, datetime
 from typing import IO, Any
 
@@ -122,6 +123,81 @@ def _redacted_str(value: Any) -> str:
     return redact(str(value))
 
 
+class HoldingHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """slotd's one handler. Holding (`hold` > 0, a slot's): INFO lines wait up to `hold`
+    seconds and leave together, one write per batch instead of one per settlement (each
+    write wakes whatever reads the stream, journald or a container runtime: a quarter of a
+    busy slot's CPU per no-op task went to its line). A WARNING or worse goes at once, after
+    the lines held before it. The holder flushes before it blocks (`due_in` says when)."""
+
+    def __init__(self, stream: IO[str], hold: float = 0.0) -> None:
+        super().__init__(stream)
+        self.hold = hold
+        self.held: list[str] = []
+        self.since = 0.0
+        self.bytes = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+        except Exception:  # noqa: BLE001 - logging's own contract: report, never raise
+            self.handleError(record)
+            return
+        if not self.held:
+            self.since = time.monotonic()
+        self.held.append(line)
+        self.bytes += len(line)
+        if (
+            record.levelno > logging.INFO
+            or self.hold <= 0
+            or self.bytes >= HOLD_BYTES
+            or time.monotonic() - self.since >= self.hold
+        ):
+            self._write()
+
+    def _write(self) -> None:
+        if not self.held:
+            return
+        text = "\n".join(self.held) + "\n"
+        self.held, self.bytes = [], 0
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stderr must not take the process down
+            pass
+
+    def flush(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            self._write()
+
+    def due_in(self) -> float | None:
+        """Seconds until the held lines must go out; None when none are held."""
+        if not self.held:
+            return None
+        return self.since + self.hold - time.monotonic()
+
+
+HOLD_BYTES = 32 * 1024  # well under a pipe's 64 KiB: a batch never blocks half-written
+_installed: HoldingHandler | None = None
+
+
+def hold(seconds: float) -> None:
+    """Hold INFO lines up to `seconds` (0: every line at once) in this process."""
+    if _installed is not None:
+        _installed.flush()
+        _installed.hold = seconds
+
+
+def flush() -> None:
+    """Write the held lines now: before blocking, forking or exiting."""
+    if _installed is not None:
+        _installed.flush()
+
+
+def due_in() -> float | None:
+    return _installed.due_in() if _installed is not None else None
+
+
 def configure(
     fmt: str = "text",
     level: int | str = logging.INFO,
@@ -134,7 +210,8 @@ def configure(
     if fmt not in FORMATS:
         raise ValueError(f"bad log format {fmt!r}: use text or json")
     formatter: logging.Formatter = JsonFormatter(role) if fmt == "json" else TextFormatter(role)
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    global _installed
+    handler = HoldingHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(formatter)
     setattr(handler, _MARK, True)
     root = logging.getLogger()
@@ -144,4 +221,5 @@ def configure(
             old.close()
     root.addHandler(handler)
     root.setLevel(level)
+    _installed = handler
     return handler

@@ -29,6 +29,7 @@ import psycopg
 
 from slotd import db, logs, proc, runner
 from slotd.config import Settings
+from slotd.lastwords import LastWords
 from slotd.outcome import CRASHED, KILLED, SHUTDOWN, Outcome
 from slotd.processor import Result, Settlement, not_started, past, settle
 from slotd.registry import Registry
@@ -46,6 +47,9 @@ RUNNER_STOP_TIMEOUT = 10.0
 # whose notification was lost can go unnoticed.
 CANCEL_RECHECK_POLLS = 6
 BOOT_TIMEOUT = 120.0  # importing a large application can take a while
+# A busy slot's settlement lines leave in batches at most this old (see logs.HoldingHandler);
+# a kill -9 loses at most this much of the log, never a settlement.
+LOG_HOLD = 0.25
 
 
 @dataclass
@@ -59,6 +63,8 @@ class SlotSpec:
     faults: Any = None  # slotd.faults.Injector, when chaos is enabled
     # The pid of the process that forks the slot, recorded before the fork (1 in a container).
     parent: int = field(default_factory=os.getpid)
+    # Where the slot leaves each attempt's outcome before settling it (the supervisor's).
+    words: LastWords = field(default_factory=LastWords)
 
 
 @dataclass
@@ -126,6 +132,7 @@ class Slot:
         finally:
             if self.runner is not None:
                 self.runner.stop()
+            logs.flush()  # os._exit would drop the held lines
             os._exit(code)
 
     def _setup(self) -> None:
@@ -134,6 +141,7 @@ class Slot:
         proc.die_with_parent(signal.SIGTERM, self.spec.parent)
         proc.set_title(f"slot {self.spec.number} starting")
         logs.configure(self.settings.log_format, role=f"slot {self.spec.number}")
+        logs.hold(LOG_HOLD)
         self.selfpipe = proc.SelfPipe()
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which leads
@@ -263,6 +271,7 @@ class Slot:
             self.woken = False
             return True
         proc.set_title(f"slot {self.spec.number} idle")
+        logs.flush()  # an idle slot holds no lines
         self._report("idle")
         while not self.stopping:
             watched: list[Any] = [self.sup, self.selfpipe]
@@ -346,7 +355,10 @@ class Slot:
                     if self.spec.read_url
                     else None
                 )
-                self.repo = Repository.from_settings(self.settings, write, read)
+                repo = Repository.from_settings(self.settings, write, read)
+                if db.session_is_ours(write, prepare):
+                    repo.bind_session()
+                self.repo = repo
                 return
             except psycopg.OperationalError as exc:
                 if write is not None:
@@ -394,9 +406,11 @@ class Slot:
     def _fork_runner(self, fresh_code: bool) -> Runner | None:
         ours, theirs = socket.socketpair()
         parent = os.getpid()
+        logs.flush()  # else the runner inherits the held lines and writes them again
         pid = os.fork()
         if pid == 0:  # the runner; it never returns into the slot's stack
             try:
+                logs.hold(0)  # a handler's own lines go out as they are logged
                 ours.close()
                 self.sup.close()
                 self.selfpipe.close()
@@ -561,6 +575,11 @@ class Slot:
                     return Result(KILLED, f"killed {grace:g}s after its deadline", advanced, True)
             proc.set_title(f"{label} {now - dog.started:.0f}s/{ceiling.total_seconds():.0f}s")
             timeout = dog.wait_for(now)
+            if (due := logs.due_in()) is not None:  # held lines wait no longer than LOG_HOLD
+                if due <= 0:
+                    logs.flush()
+                else:
+                    timeout = due if timeout is None else min(timeout, due)
             watched = [runner_.conn, self.selfpipe]
             if runner_.watch.fd is not None:  # no pidfd (old kernel, seccomp): polled below
                 watched.append(runner_.watch)
@@ -644,15 +663,12 @@ class Slot:
         return bool(ok), None
 
     def _settle(self, claimed: Claimed, result: Result) -> Settlement:
-        # The supervisor learns the outcome before the write is attempted: if this process
-        # dies now (OOM kill, a wedged reconnect cut short), the supervisor settles the lease
-        # by what the handler did, fenced on the token, instead of calling it a crash and
-        # running a task that succeeded again. Best effort: with the supervisor gone (kill -9
-        # of it) the slot still settles what it holds on its way out.
-        try:
-            self._report("outcome", claimed.id, result)
-        except OSError:
-            pass
+        # The outcome is left for the supervisor before the write is attempted: if this
+        # process dies now (OOM kill, a wedged reconnect cut short), the supervisor settles
+        # the lease by what the handler did, fenced on the token, instead of calling it a
+        # crash and running a task that succeeded again. With the supervisor gone (kill -9 of
+        # it) the slot still settles what it holds on its way out.
+        self.spec.words.say(claimed.token, result)
         faults = self.spec.faults
         if faults is not None:
             faults.crash_slot_before_settlement()

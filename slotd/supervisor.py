@@ -25,6 +25,7 @@ import psycopg
 from slotd import db, maintenance, proc, repository, sdnotify
 from slotd.chores import Chores, Done
 from slotd.config import Settings, format_duration
+from slotd.lastwords import LastWords
 from slotd.outcome import CRASHED, SHUTDOWN, MinuteTally
 from slotd.processor import Result, settle
 from slotd.registry import Registry
@@ -53,7 +54,8 @@ class SlotHandle:
     ready: bool = False
     busy: bool = False
     lease: Claimed | None = None
-    outcome: Result | None = None  # what the lease's attempt came to, reported before settling
+    # What the lease's attempt came to, left by the slot before settling (slotd.lastwords).
+    words: LastWords = field(default_factory=LastWords)
     runner_pid: int | None = None
     stuck: int = 0  # runners that did not die after SIGKILL (uninterruptible sleep)
 
@@ -217,6 +219,7 @@ class Supervisor:
             self.read_url,
             self.faults,
             parent=os.getpid(),
+            words=LastWords(),
         )
         pid = proc.fork_guarded()
         if pid == 0:
@@ -228,7 +231,7 @@ class Supervisor:
                 os._exit(1)
         theirs.close()
         self.slots[number] = SlotHandle(
-            number, pid, Connection(ours.detach()), proc.ChildWatch(pid)
+            number, pid, Connection(ours.detach()), proc.ChildWatch(pid), words=spec.words
         )
         self.respawn_at.pop(number, None)
 
@@ -238,6 +241,7 @@ class Supervisor:
         for handle in self.slots.values():
             handle.conn.close()
             handle.watch.close()
+            handle.words.close()
         self.selfpipe.close()
         if self.chores is not None:
             self.chores.close_in_child()
@@ -293,14 +297,9 @@ class Supervisor:
             elif kind == "claimed":
                 handle.lease, handle.runner_pid = message[1], message[2]
                 self._cancel_if_asked(handle)
-                handle.outcome = None
                 self.tokens.offer(remember=False)  # the cascade
-            elif kind == "outcome":
-                if handle.lease is not None and handle.lease.id == message[1]:
-                    handle.outcome = message[2]
             elif kind == "settled":
                 _, _, task_type, outcome, duration, delay, handle.lease, runner_pid = message
-                handle.outcome = None
                 handle.runner_pid = runner_pid or handle.runner_pid
                 if self.metrics is not None:
                     self.metrics.record_outcome(task_type, outcome, duration, delay)
@@ -360,7 +359,8 @@ class Supervisor:
         if handle.runner_pid:
             proc.kill_group(handle.runner_pid, signal.SIGKILL)
         if handle.lease is not None:
-            self._settle_orphan(handle.lease, handle.outcome)
+            self._settle_orphan(handle.lease, handle.words.heard(handle.lease.token))
+        handle.words.close()
         if self.stopping:
             return
         failures = self.slot_failures.get(handle.number, 0) + 1

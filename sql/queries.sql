@@ -116,6 +116,19 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, true),
        set_config('lock_timeout', %(lock_timeout)s, true),
        set_config('synchronous_commit', 'off', true)
 
+-- name: bind_session
+-- The same bounds for a whole session: a slot's own direct connection (Repository.bind_session),
+-- never one behind a transaction-mode pooler, where a session setting outlives the transaction
+-- on whichever server connection ran it.
+SELECT set_config('statement_timeout', %(statement_timeout)s, false),
+       set_config('lock_timeout', %(lock_timeout)s, false)
+
+-- name: bind_session_async
+-- bind_session with SLOTD_SYNCHRONOUS_COMMIT=off: see bound_async.
+SELECT set_config('statement_timeout', %(statement_timeout)s, false),
+       set_config('lock_timeout', %(lock_timeout)s, false),
+       set_config('synchronous_commit', 'off', false)
+
 -- name: enqueue
 -- One statement: dedupe against live rows, insert, and fire the wake. pg_notify inside
 -- the caller's transaction is delivered only if it commits, and identical notifications

@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import shlex
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 
 import slotd
 from slotd import logs
-from tests.daemon import Daemon
+from tests.daemon import Daemon, wait_for
 
 URL = "postgresql://slotd:hunter2@db.internal:5432/jobs"
 
@@ -141,3 +142,65 @@ def test_a_daemons_settlement_line_carries_the_task_fields(
     assert float(fields["duration"]) >= 0
     assert fields["error"] == "RuntimeError: attempt 1 failed"
     assert str(fields["slot"]) == "0"
+
+
+def test_a_holding_handler_writes_info_lines_in_batches_and_warnings_at_once(
+    root_restored: None,
+) -> None:
+    """A busy slot's settlement lines leave together (one write per batch): every line
+    arrives, in order, no later than the hold, at the holder's flush, or with the first
+    warning, which never waits."""
+
+    class Writes(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.writes = 0
+
+        def write(self, text: str) -> int:
+            self.writes += 1
+            return super().write(text)
+
+    stream = Writes()
+    handler = logs.configure("text", role="slot 0", stream=stream)
+    log = logging.getLogger("slotd.test")
+    logs.hold(3600.0)
+    for n in range(5):
+        log.info("task t#%d attempt 1: success", n)
+    assert stream.getvalue() == "" and logs.due_in() is not None
+    log.warning("task t#5 attempt 1: failure")  # at once, after the lines before it
+    lines = stream.getvalue().splitlines()
+    assert [line.split()[-4] for line in lines] == [f"t#{n}" for n in range(6)]
+    assert stream.writes == 1 and logs.due_in() is None
+    log.info("task t#6 attempt 1: success")
+    logs.flush()  # what a slot does before it blocks, forks or exits
+    assert stream.getvalue().splitlines()[-1].endswith("t#6 attempt 1: success")
+    assert stream.writes == 2
+    for n in range(2000):  # a batch never grows past HOLD_BYTES: a pipe takes it whole
+        log.info("task t#%d attempt 1: success", n)
+    assert 2000 * 60 // logs.HOLD_BYTES <= stream.writes - 2 <= 2000 * 100 // logs.HOLD_BYTES
+    logs.hold(0)  # a runner's: every line as it is logged
+    before = stream.writes
+    log.info("from a handler")
+    assert stream.writes >= before + 1 and stream.getvalue().endswith("from a handler\n")
+    assert isinstance(handler, logs.HoldingHandler)
+
+
+def test_every_settlement_line_arrives_once_from_slots_that_hold_them(
+    qconn: Any, db_url: str, daemons: list[Daemon]
+) -> None:
+    """Held lines are not lost when the slot goes idle and not repeated by the runners it
+    forks (a fork copies what is held): one line per task, runner recycling included."""
+    daemon = Daemon(db_url, slots=2, env={"SLOTD_RUNNER_MAX_TASKS": "7"})
+    daemons.append(daemon)
+    daemon.start()
+    ids = slotd.enqueue_many(qconn, [("rt.noop", {"n": n}) for n in range(60)])
+
+    def settled() -> list[str]:
+        return [line for line in daemon.lines if ": success" in line and "task rt.noop#" in line]
+
+    wait_for(lambda: len(settled()) >= 60, timeout=60, what="60 settlement lines")
+    daemon.signal(signal.SIGTERM)  # every process writes what it holds on its way out
+    assert daemon.wait() == 0
+    daemon.wait_line(r"INFO +supervisor stopped")  # the last line: the reader has them all
+    seen = sorted(int(line.split("task rt.noop#")[1].split()[0]) for line in settled())
+    assert seen == sorted(ids)

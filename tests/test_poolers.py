@@ -56,8 +56,13 @@ def test_a_pooled_connection_is_detected_and_never_prepares(
     with db.connect(db_url) as conn:
         assert not db.pooled(conn)
         assert conn.prepare_threshold is not None
+        assert db.session_is_ours(conn, "auto") and db.session_is_ours(conn, "on")
+        # SLOTD_PREPARE=off is what a transaction pooler needs: taken as its sign as well.
+        assert not db.session_is_ours(conn, "off")
     with db.connect(url, prepare="on") as conn:
         assert conn.prepare_threshold is not None
+        # Session settings behind a pooler would land on some other client's server session.
+        assert not db.session_is_ours(conn, "on")
 
 
 @pytest.mark.parametrize("mode", ["transaction", "session"])

@@ -393,6 +393,38 @@ def test_bound_holds_for_the_write_without_an_explicit_transaction(db_url: str) 
         assert write.execute("SHOW statement_timeout").fetchone() == ("0",)
 
 
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_bound_session_bounds_every_write_in_one_statement(db_url: str, sync: bool) -> None:
+    """A slot's own direct connection carries the bounds on its session (one statement per
+    write, no pipeline): a write that waits on a lock still gives up at the lock timeout, a
+    long statement at the statement timeout, and the commit mode is the configured one."""
+    reg = registry_of("plain")
+    with psycopg.connect(db_url, autocommit=True) as write, psycopg.connect(db_url) as locker:
+        write.execute("SET synchronous_commit = on")  # the test server runs with it off
+        repo = Repository(
+            write,
+            lock_timeout=timedelta(milliseconds=200),
+            statement_timeout=timedelta(milliseconds=300),
+            synchronous_commit=sync,
+        )
+        repo.bind_session()
+        (task_id,) = slotd.enqueue_many(write, [("plain", {})])
+        claimed = repo.claim([task_id], reg)
+        assert claimed is not None
+        locker.execute("SELECT * FROM slotd_tasks FOR UPDATE")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            repo.dequeue(task_id, claimed.token)
+        locker.rollback()
+        with pytest.raises(psycopg.errors.QueryCanceled), repo._bounded() as lane:
+            lane.execute("SELECT pg_sleep(2)")
+        with repo._bounded() as lane:
+            cur = lane.execute("SHOW synchronous_commit")
+        assert cur.fetchone() == ("on" if sync else "off",)
+        # The settlement itself still lands, fenced as ever.
+        repo.dequeue(task_id, claimed.token)
+        assert row(write, task_id) is None
+
+
 @pytest.mark.parametrize(("sync", "expected"), [(True, "on"), (False, "off")])
 def test_synchronous_commit_off_is_local_to_the_queue_write(
     db_url: str, sync: bool, expected: str
@@ -526,6 +558,10 @@ def test_claim_arrays_round_trip_as_literals_and_follow_a_registry_that_grows(
         (array_literal(names), array_literal([0.1, 30.0, 1e-7]), array_literal([1, None, 3])),
     ).fetchone()
     assert got == (names, [0.1, 30.0, 1e-7], [1, None, 3])
+    ids = [2**62, 1, 0, 7]  # the candidate ids' fast path
+    assert array_literal(ids) == "{4611686018427387904,1,0,7}"
+    assert conn.execute("SELECT %s::bigint[]", (array_literal(ids),)).fetchone() == (ids,)
+    assert array_literal([True, 2]) == "{1,2}" and array_literal([]) == "{}"
 
     reg = registry_of("plain")
     (first,) = slotd.enqueue_many(conn, [("plain", {})])
@@ -580,6 +616,24 @@ def test_discovery_reads_only_the_served_types_rows(
     first = slotd.enqueue(conn, "mine.b", {}, priority=5)
     second = slotd.enqueue(conn, "mine.a", {})
     assert Repository(conn).discover(["mine.a", "mine.b", "mine.a"]) == [first, second]
+
+
+def test_discovery_walks_its_index_with_statistics_from_an_empty_table(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """A bulk enqueue into a table last analysed empty (before autoanalyze: the state that
+    made claims take 40-155 ms): discovery still reads each served type's first rows through
+    slotd_tasks_order_by_type and stops at its limit, never every due row and a sort."""
+    conn.execute("ALTER TABLE slotd_tasks SET (autovacuum_enabled = false)")
+    conn.execute("ANALYZE slotd_tasks")
+    ids = slotd.enqueue_many(conn, [("plain", {}) for _ in range(5000)])
+    params = {"types": ["plain", "other"], "limit": 80, "lead_s": 100.0, **limit_params({})}
+    cur = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statements()["discover"], params)
+    plan = cur.fetchone()[0][0]["Plan"]  # type: ignore[index]
+    tasks = [n for n in _nodes(plan) if n.get("Alias") == "t"]
+    assert tasks and all(n["Index Name"] == "slotd_tasks_order_by_type" for n in tasks), plan
+    assert sum(n["Actual Rows"] * n["Actual Loops"] for n in tasks) <= 80, plan
+    assert Repository(conn).discover(["plain", "other"], 80) == ids[:80]
 
 
 def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
