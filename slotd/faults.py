@@ -17,9 +17,10 @@ Where each kind acts, so that it exercises the recovery path it is meant to:
   dead runner and settles the attempt as ``crashed``.
 - ``lost_settlement``: the slot skips writing the outcome, so the lease is left to expire
   and another worker redelivers the task: the at-least-once path.
-- ``slot_crash``: the slot process exits with status 70 after it has told the supervisor the
-  attempt's outcome and before it writes the settlement; the supervisor settles the lease by
-  that reported outcome (a success is dequeued, not run again).
+- ``slot_crash``: the slot process exits with status 70 after it has left the supervisor the
+  attempt's outcome (slotd.lastwords) and before it writes the settlement; the supervisor
+  settles the lease by that outcome (a success is dequeued, not run again) and counts the
+  settlements the slot made before it from its ledger (slotd.ledger).
 """
 
 from __future__ import annotations

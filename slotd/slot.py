@@ -30,6 +30,7 @@ import psycopg
 from slotd import db, logs, proc, runner
 from slotd.config import Settings
 from slotd.lastwords import LastWords
+from slotd.ledger import CAPACITY, Ledger, lean
 from slotd.outcome import CRASHED, KILLED, SHUTDOWN, Outcome
 from slotd.processor import Result, Settlement, not_started, past, settle
 from slotd.registry import Registry
@@ -50,6 +51,9 @@ BOOT_TIMEOUT = 120.0  # importing a large application can take a while
 # A busy slot's settlement lines leave in batches at most this old (see logs.HoldingHandler);
 # a kill -9 loses at most this much of the log, never a settlement.
 LOG_HOLD = 0.25
+# A busy slot's supervisor hears of its settlements and leases at most this late: metrics,
+# the dashboard's outcomes and a cancel's routing lag by as much (a slot's death does not).
+RING_HOLD = 0.25
 
 
 @dataclass
@@ -65,6 +69,8 @@ class SlotSpec:
     parent: int = field(default_factory=os.getpid)
     # Where the slot leaves each attempt's outcome before settling it (the supervisor's).
     words: LastWords = field(default_factory=LastWords)
+    # Where the slot writes its settlements and its lease for the supervisor (slotd.ledger).
+    ledger: Ledger = field(default_factory=Ledger)
 
 
 @dataclass
@@ -108,6 +114,8 @@ class Slot:
         self.sup_open = True
         self.log = logs.FieldsAdapter(log, {"slot": spec.number})
         self.waiter = proc.Waiter()
+        self.holding: Claimed | None = None  # the lease held now, as the ledger has it
+        self.unrung_since: float | None = None  # ledger entries the supervisor has not heard of
 
     # process set-up and the loop
 
@@ -198,10 +206,36 @@ class Slot:
                     awake = False
                     self._report("empty")
                     continue
-                self._report("claimed", claimed, self._runner_pid())
+                self.holding = claimed
+                self.spec.ledger.hold(claimed)  # before the message: a death between is settled
+                self._report("claimed", claimed, self._runner_pid(), self.spec.ledger.count)
             settled, claimed = self._handle(claimed)
-            # One message per task in a busy slot: the settlement and the claim riding on it.
-            self._report("settled", *settled, claimed, self._runner_pid())
+            self._settled(settled, claimed)
+
+    def _settled(self, settled: tuple[Any, ...], claimed: Claimed | None) -> None:
+        """Into the ledger: the settlement, and the claim that rode on it. No message per
+        task: the supervisor hears of them at the next bell (see slotd.ledger)."""
+        ledger = self.spec.ledger
+        self.holding = claimed
+        ledger.hold(claimed)
+        if not ledger.record(settled[1:]):
+            self._report("settled", *settled[1:])
+        now = time.monotonic()
+        if self.unrung_since is None:
+            self.unrung_since = now
+        if ledger.unread() >= CAPACITY // 2 or now - self.unrung_since >= RING_HOLD:
+            self._ring()
+
+    def _ring(self) -> None:
+        """Tell the supervisor how far the ledger goes, and the lease held now."""
+        self.unrung_since = None
+        lease = None if self.holding is None else lean(self.holding)
+        self._report("ledger", self.spec.ledger.count, lease, self._runner_pid())
+
+    def _ring_due(self) -> float | None:
+        if self.unrung_since is None:
+            return None
+        return self.unrung_since + RING_HOLD - time.monotonic()
 
     def _runner_pid(self) -> int | None:
         return self.runner.pid if self.runner is not None else None
@@ -271,7 +305,9 @@ class Slot:
             self.woken = False
             return True
         proc.set_title(f"slot {self.spec.number} idle")
-        logs.flush()  # an idle slot holds no lines
+        logs.flush()  # an idle slot holds no lines...
+        if self.unrung_since is not None:  # ...and owes its supervisor no settlement
+            self._ring()
         self._report("idle")
         while not self.stopping:
             watched: list[Any] = [self.sup, self.selfpipe]
@@ -578,6 +614,11 @@ class Slot:
             if (due := logs.due_in()) is not None:  # held lines wait no longer than LOG_HOLD
                 if due <= 0:
                     logs.flush()
+                else:
+                    timeout = due if timeout is None else min(timeout, due)
+            if (due := self._ring_due()) is not None:  # nor does the ledger, past RING_HOLD
+                if due <= 0:
+                    self._ring()
                 else:
                     timeout = due if timeout is None else min(timeout, due)
             watched = [runner_.conn, self.selfpipe]

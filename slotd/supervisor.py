@@ -26,6 +26,7 @@ from slotd import db, maintenance, proc, repository, sdnotify
 from slotd.chores import Chores, Done
 from slotd.config import Settings, format_duration
 from slotd.lastwords import LastWords
+from slotd.ledger import Ledger, unlean
 from slotd.outcome import CRASHED, SHUTDOWN, MinuteTally
 from slotd.processor import Result, settle
 from slotd.registry import Registry
@@ -56,6 +57,7 @@ class SlotHandle:
     lease: Claimed | None = None
     # What the lease's attempt came to, left by the slot before settling (slotd.lastwords).
     words: LastWords = field(default_factory=LastWords)
+    ledger: Ledger = field(default_factory=Ledger)  # its settlements and lease (slotd.ledger)
     runner_pid: int | None = None
     stuck: int = 0  # runners that did not die after SIGKILL (uninterruptible sleep)
 
@@ -220,6 +222,7 @@ class Supervisor:
             self.faults,
             parent=os.getpid(),
             words=LastWords(),
+            ledger=Ledger(),
         )
         pid = proc.fork_guarded()
         if pid == 0:
@@ -231,7 +234,12 @@ class Supervisor:
                 os._exit(1)
         theirs.close()
         self.slots[number] = SlotHandle(
-            number, pid, Connection(ours.detach()), proc.ChildWatch(pid), words=spec.words
+            number,
+            pid,
+            Connection(ours.detach()),
+            proc.ChildWatch(pid),
+            words=spec.words,
+            ledger=spec.ledger,
         )
         self.respawn_at.pop(number, None)
 
@@ -242,6 +250,7 @@ class Supervisor:
             handle.conn.close()
             handle.watch.close()
             handle.words.close()
+            handle.ledger.close()
         self.selfpipe.close()
         if self.chores is not None:
             self.chores.close_in_child()
@@ -296,17 +305,21 @@ class Supervisor:
                 self.tokens.slot_idle(handle.number)
             elif kind == "claimed":
                 handle.lease, handle.runner_pid = message[1], message[2]
+                self._read_ledger(handle, message[3])
                 self._cancel_if_asked(handle)
                 self.tokens.offer(remember=False)  # the cascade
-            elif kind == "settled":
-                _, _, task_type, outcome, duration, delay, handle.lease, runner_pid = message
+            elif kind == "ledger":  # the slot's bell: see slotd.ledger
+                _, upto, lease, runner_pid = message
+                self._read_ledger(handle, upto)
                 handle.runner_pid = runner_pid or handle.runner_pid
-                if self.metrics is not None:
-                    self.metrics.record_outcome(task_type, outcome, duration, delay)
-                self.tally.add(task_type, outcome)
-                if handle.lease is not None:
+                known, handle.lease = handle.lease, unlean(lease)
+                if handle.lease is not None and (
+                    known is None or known.token != handle.lease.token
+                ):
                     self._cancel_if_asked(handle)
                     self.tokens.offer(remember=False)  # the cascade, as for any claim
+            elif kind == "settled":  # one the ledger could not take
+                self._count(*message[1:])
             elif kind == "runner":  # after a recycle, a reload or a respawn
                 handle.runner_pid = message[1]
             elif kind == "stuck":
@@ -339,6 +352,17 @@ class Supervisor:
                 )
                 self.reload_queue = []
 
+    def _read_ledger(self, handle: SlotHandle, upto: int | None) -> None:
+        for settled in handle.ledger.consume(upto):
+            self._count(*settled)
+
+    def _count(
+        self, task_type: str, outcome: str, duration: float | None, delay: float | None
+    ) -> None:
+        if self.metrics is not None:
+            self.metrics.record_outcome(task_type, outcome, duration, delay)
+        self.tally.add(task_type, outcome)
+
     def _send_token(self, number: int) -> None:
         handle = self.slots.get(number)
         if handle is None:
@@ -358,9 +382,14 @@ class Supervisor:
         handle.watch.close()
         if handle.runner_pid:
             proc.kill_group(handle.runner_pid, signal.SIGKILL)
+        # What it wrote and did not ring for, and the lease it held: from the page, which
+        # nothing writes any more (slotd.ledger).
+        self._read_ledger(handle, None)
+        handle.lease = handle.ledger.lease()
         if handle.lease is not None:
             self._settle_orphan(handle.lease, handle.words.heard(handle.lease.token))
         handle.words.close()
+        handle.ledger.close()
         if self.stopping:
             return
         failures = self.slot_failures.get(handle.number, 0) + 1

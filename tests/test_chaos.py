@@ -85,15 +85,31 @@ def test_chaos_run_loses_nothing_and_counts_every_fault(
 def test_a_slot_dying_after_success_settles_by_the_reported_outcome(
     qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
 ) -> None:
-    """The slot exits between reporting the outcome and writing it: the supervisor dequeues
-    the succeeded task (fenced) instead of settling it as crashed and running it again."""
+    """The slot exits between leaving the outcome and writing it: the supervisor dequeues
+    the succeeded task (fenced) instead of settling it as crashed and running it again. And
+    it counts every success once: the dead slot's own settlements that it had not rung the
+    supervisor about yet are read from its ledger, the orphan's from the supervisor's own."""
     daemon = Daemon(
         db_url,
         slots=2,
-        env={"SLOTD_ALLOW_FAULTS": "1", "SLOTD_FAULT_SLOT_CRASH": "0.25"},
+        env={
+            "SLOTD_ALLOW_FAULTS": "1",
+            "SLOTD_FAULT_SLOT_CRASH": "0.25",
+            "SLOTD_METRICS_ADDR": "127.0.0.1:0",
+        },
     )
     daemons.append(daemon)
     daemon.start()
+    url = daemon.wait_line(r"metrics on ").split("metrics on ")[1].strip()
+
+    def counted() -> dict[str, float]:
+        body = urllib.request.urlopen(url, timeout=5).read().decode()
+        return {
+            line.split('outcome="')[1].split('"')[0]: float(line.split()[-1])
+            for line in body.splitlines()
+            if line.startswith("slotd_task_outcomes_total{") and 'task_type="rt.noop"' in line
+        }
+
     ids = slotd.enqueue_many(qconn, [("rt.noop", {"n": n}) for n in range(40)])
     wait_for(
         lambda: qconn.execute("SELECT count(*) FROM slotd_tasks").fetchone() == (0,),
@@ -108,3 +124,8 @@ def test_a_slot_dying_after_success_settles_by_the_reported_outcome(
     )
     assert sorted(runs) == sorted(ids)
     assert set(runs.values()) == {1}, {k: v for k, v in runs.items() if v != 1}
+    wait_for(lambda: counted().get("success", 0) >= 40, timeout=30, what="40 successes counted")
+    # A later task's count comes after anything still on its way about the first forty.
+    slotd.enqueue(qconn, "rt.noop", {"n": 40})
+    wait_for(lambda: counted().get("success", 0) >= 41, timeout=30, what="the 41st counted")
+    assert {k: v for k, v in counted().items() if v} == {"success": 41}

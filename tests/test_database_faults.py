@@ -108,7 +108,10 @@ def test_failover_through_a_switched_forwarder_resumes_and_runs_nothing_twice(
             # Caught up means it replayed everything the primary wrote, the handlers' own
             # rows included: an empty queue on the replica is also what a replica that has
             # not yet seen the enqueue shows, and a -m immediate stop loses what it had not.
-            lsn = _one(own_server.url(), "SELECT pg_current_wal_lsn()::text")
+            # The insert position, not the write position: this server commits
+            # asynchronously (synchronous_commit=off), so a commit that has returned may
+            # not be written yet; the WAL writer writes it, and the replica gets it, soon.
+            lsn = _one(own_server.url(), "SELECT pg_current_wal_insert_lsn()::text")
             wait_for(
                 lambda: _one(replica.url(), f"SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn"),
                 what="the replica caught up",
