@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from datetime import UTC, datetime
@@ -38,11 +39,14 @@ def _extras(record: logging.LogRecord) -> dict[str, Any]:
     found = {k: v for k, v in record.__dict__.items() if k not in _STANDARD and k[:1] != "_"}
     found.pop("role", None)
     ordered = {k: found.pop(k) for k in FIRST_FIELDS if k in found}
-    ordered.update(sorted(found.items()))
+    if found:
+        ordered.update(sorted(found.items()))
     return ordered
 
 
 def _clean(value: Any) -> Any:
+    if type(value) is int or value is None:  # most fields: ids, attempts
+        return value
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, dict):
@@ -52,9 +56,15 @@ def _clean(value: Any) -> Any:
     return value
 
 
+_second: tuple[int, str] = (-1, "")  # the last whole second, formatted: lines come in runs
+
+
 def _timestamp(record: logging.LogRecord) -> str:
-    when = datetime.fromtimestamp(record.created, UTC)
-    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    global _second
+    whole = int(record.created)
+    if whole != _second[0]:
+        _second = (whole, datetime.fromtimestamp(whole, UTC).strftime("%Y-%m-%dT%H:%M:%S"))
+    return f"{_second[1]}.{int((record.created - whole) * 1000):03d}Z"
 
 
 class _Base(logging.Formatter):
@@ -87,6 +97,8 @@ class TextFormatter(_Base):
 
 
 def _text_value(value: Any) -> str:
+    if type(value) is int:
+        return str(value)
     if isinstance(value, float):
         return f"{value:.6g}"
     if isinstance(value, bool):
@@ -95,9 +107,12 @@ def _text_value(value: Any) -> str:
         return json.dumps(value, default=_redacted_str, separators=(",", ":"))
     text = redact(str(value))
     # Quote only what would otherwise break key=value splitting.
-    if not text or any(c in text for c in ' "=\n\t'):
+    if not text or _BREAKS_FIELD.search(text):
         return json.dumps(text)
     return text
+
+
+_BREAKS_FIELD = re.compile(r'[ "=\n\t]')
 
 
 class JsonFormatter(_Base):

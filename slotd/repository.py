@@ -328,11 +328,14 @@ def limit_params(limits: Limits) -> dict[str, Any]:
     }
 
 
+def id_array(ids: Sequence[int]) -> str:
+    """The candidate ids as a bigint[] literal: on every claim, so no per-element checks."""
+    return "{" + ",".join(map(str, ids)) + "}"
+
+
 def array_literal(values: Sequence[Any]) -> str:
     """A PostgreSQL array literal of ints, floats, strings or None, for a parameter the
     statement casts (`%(ids)s::bigint[]`)."""
-    if all(type(v) is int for v in values):  # candidate ids, on every claim: the fast path
-        return "{" + ",".join(map(str, values)) + "}"
     parts = []
     for v in values:
         if v is None:
@@ -380,6 +383,7 @@ class Repository:
             "jitter": backoff_jitter,
         }
         self.session_bound = False  # see bind_session
+        self._cursor: psycopg.Cursor[Any] | None = None
         self._bounds = {
             "statement_timeout": _interval(statement_timeout),
             "lock_timeout": _interval(lock_timeout),
@@ -417,6 +421,7 @@ class Repository:
         name = "bind_session_async" if not self.synchronous_commit else "bind_session"
         conn.execute(_sql(name), self._bounds)
         self.session_bound = True
+        self._cursor = conn.cursor() if conn.autocommit else None
 
     @contextmanager
     def _bounded(self, lock_types: Sequence[str] = ()) -> Iterator[psycopg.Connection[Any]]:
@@ -448,8 +453,15 @@ class Repository:
     def _write(
         self, name: str, params: Mapping[str, Any], lock_types: Sequence[str] = ()
     ) -> tuple[int, list[tuple[Any, ...]]]:
-        with self._bounded(lock_types) as conn:
-            cur = conn.execute(_sql(name), params)
+        cur: psycopg.Cursor[Any]
+        if self._cursor is not None and not lock_types:
+            # A bound session's one statement: on the connection's own cursor (a new cursor
+            # per execute and the context manager were a quarter of a settlement's CPU).
+            cur = self._cursor
+            cur.execute(_sql(name), params)
+        else:
+            with self._bounded(lock_types) as conn:
+                cur = conn.execute(_sql(name), params)
         # Not `cur.description`: it builds a Column object per column on every call.
         result = cur.pgresult
         rows = cur.fetchall() if result is not None and result.nfields else []
@@ -499,7 +511,7 @@ class Repository:
             literals = {k: v if v is None else array_literal(v) for k, v in arrays.items()}
             cached = self._claim_arrays = (registry, types, literals)
         return {
-            "ids": array_literal(ids),
+            "ids": id_array(ids),
             **cached[2],
             "margin_s": self.lease_margin.total_seconds(),
             "token": uuid.uuid4(),

@@ -10,7 +10,7 @@ import asyncio
 import os
 import signal
 import sys
-from datetime import datetime
+from datetime import UTC, datetime
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -93,7 +93,8 @@ def serve(
                 break
             if message[0] == "exit":
                 break
-            _, task, deadline, stale_cancel = message
+            _, fields, deadline_ts, stale_cancel = message
+            task, deadline = _task(fields), datetime.fromtimestamp(deadline_ts, UTC)
             if stale_cancel:  # a cancel meant for the task before this one
                 _State.cancelled = False
             conn.send(("result", _run(conn, registry, task, deadline, slot_no, faults)))
@@ -101,6 +102,18 @@ def serve(
         code = 70
     finally:
         os._exit(code)
+
+
+def run_message(task: Task, deadline: datetime, stale_cancel: bool) -> tuple[Any, ...]:
+    """The slot's "run": plain values, cheaper to pickle than a Task and datetimes (twice
+    per task, one way each); `_task` rebuilds the Task in the runner."""
+    fields = (task.id, task.type, task.payload, task.attempt, task.key, task.run_at.timestamp())
+    return ("run", fields, deadline.timestamp(), stale_cancel)
+
+
+def _task(fields: tuple[Any, ...]) -> Task:
+    task_id, task_type, payload, attempt, key, run_at = fields
+    return Task(task_id, task_type, payload, attempt, key, datetime.fromtimestamp(run_at, UTC))
 
 
 def _run(

@@ -574,7 +574,7 @@ class Slot:
             # A cancel sent during the last task may have landed after its result: the
             # runner forgets it on this message, never on its own, so a cancel sent from
             # here on (a SIGTERM while it receives the task) is kept.
-            runner_.conn.send(("run", claimed.task(), deadline, self.cancel_sent))
+            runner_.conn.send(runner.run_message(claimed.task(), deadline, self.cancel_sent))
         except OSError:  # it died between tasks, before we noticed: ours to settle
             result = Result(CRASHED, "runner died before it got the task")
             self._runner_died(result)
