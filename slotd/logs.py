@@ -192,6 +192,21 @@ class HoldingHandler(logging.StreamHandler):  # type: ignore[type-arg]
         return self.since + self.hold - time.monotonic()
 
 
+# What logging computes for every record (the caller's file and line by walking the stack,
+# thread, process and asyncio task names) and slotd's formatters never print: the logging
+# HOWTO's "Optimization" switches. Off in a slot (a sixth of a settlement's CPU went to
+# its log line), back on in the runner it forks, whose handler's own logging may use them.
+_RECORD_SWITCHES = ("logThreads", "logProcesses", "logMultiprocessing", "logAsyncioTasks")
+_RECORD_DEFAULTS = {
+    n: getattr(logging, n) for n in ("_srcfile", *_RECORD_SWITCHES) if hasattr(logging, n)
+}
+
+
+def lean_records(lean: bool) -> None:
+    for name, default in _RECORD_DEFAULTS.items():
+        setattr(logging, name, (None if name == "_srcfile" else False) if lean else default)
+
+
 HOLD_BYTES = 32 * 1024  # well under a pipe's 64 KiB: a batch never blocks half-written
 _installed: HoldingHandler | None = None
 

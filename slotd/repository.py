@@ -514,7 +514,6 @@ class Repository:
             "ids": id_array(ids),
             **cached[2],
             "margin_s": self.lease_margin.total_seconds(),
-            "token": uuid.uuid4(),
         }
 
     def _lock_types(self, ids: Sequence[int], registry: Registry) -> list[str]:

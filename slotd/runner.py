@@ -97,7 +97,8 @@ def serve(
             task, deadline = _task(fields), datetime.fromtimestamp(deadline_ts, UTC)
             if stale_cancel:  # a cancel meant for the task before this one
                 _State.cancelled = False
-            conn.send(("result", _run(conn, registry, task, deadline, slot_no, faults)))
+            result = _run(conn, registry, task, deadline, slot_no, faults)
+            proc.tell(conn, ("result", *result.fields()))
     except BaseException:  # noqa: BLE001 - whatever happens, the slot sees a dead runner
         code = 70
     finally:

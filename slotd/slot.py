@@ -150,6 +150,7 @@ class Slot:
         proc.set_title(f"slot {self.spec.number} starting")
         logs.configure(self.settings.log_format, role=f"slot {self.spec.number}")
         logs.hold(LOG_HOLD)
+        logs.lean_records(True)
         self.selfpipe = proc.SelfPipe()
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which leads
@@ -180,7 +181,7 @@ class Slot:
         if self.orphaned:
             return
         try:
-            self.sup.send(message)
+            proc.tell(self.sup, message)
         except OSError:  # BrokenPipeError, ConnectionResetError: the supervisor died
             self.orphaned = True
             self.stopping = True
@@ -447,6 +448,7 @@ class Slot:
         if pid == 0:  # the runner; it never returns into the slot's stack
             try:
                 logs.hold(0)  # a handler's own lines go out as they are logged
+                logs.lean_records(False)
                 ours.close()
                 self.sup.close()
                 self.selfpipe.close()
@@ -550,8 +552,8 @@ class Slot:
         if settlement.claim_tried:
             if settlement.next is not None:
                 self._consumed(settlement.next)
-            else:
-                self.batch = []
+            else:  # every candidate offered was gone: the rest may not be
+                self.batch = self.batch[self.settings.discovery_batch :]
         # A handler that never started gives no latency sample, of either kind.
         delay = max(0.0, (claimed.claimed_at - claimed.run_at).total_seconds())
         settled = (
@@ -574,7 +576,7 @@ class Slot:
             # A cancel sent during the last task may have landed after its result: the
             # runner forgets it on this message, never on its own, so a cancel sent from
             # here on (a SIGTERM while it receives the task) is kept.
-            runner_.conn.send(runner.run_message(claimed.task(), deadline, self.cancel_sent))
+            proc.tell(runner_.conn, runner.run_message(claimed.task(), deadline, self.cancel_sent))
         except OSError:  # it died between tasks, before we noticed: ours to settle
             result = Result(CRASHED, "runner died before it got the task")
             self._runner_died(result)
@@ -637,7 +639,7 @@ class Slot:
                 except (EOFError, OSError):
                     message = None
                 if message is not None and message[0] == "result":
-                    result: Result = message[1]
+                    result = Result(*message[1:])
                     result.advanced = result.advanced or advanced
                     self.crashes = 0
                     return result
@@ -715,7 +717,11 @@ class Slot:
             faults.crash_slot_before_settlement()
         if faults is not None and faults.lose_settlement():
             return Settlement(Outcome.LOST, False, result.duration)
-        then = (self.batch, self.claim_registry) if self._may_chain() else None
+        # The claim riding on the settlement offers a slot's share of the candidates, not all
+        # of them: it takes the first claimable, and its share is where it starts (see
+        # _staggered); the rest are tried in one claim of their own if these are all gone.
+        window = self.batch[: self.settings.discovery_batch]
+        then = (window, self.claim_registry) if self._may_chain() else None
         try:
             settled = self._with_db(
                 lambda repo: settle(

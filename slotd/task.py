@@ -22,6 +22,9 @@ class Task:
     run_at: datetime
 
 
+_TASK_LOG = logging.getLogger("slotd.task")
+
+
 class TaskLogAdapter(logging.LoggerAdapter):
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
         extra = dict(self.extra or {})
@@ -52,7 +55,7 @@ class Context:
         self._write_cursor_async = write_cursor_async
         self._is_cancelled = is_cancelled
         self.advanced = False
-        base = log or logging.getLogger("slotd.task")
+        base = log or _TASK_LOG
         self.log = TaskLogAdapter(
             base, {"task_id": task.id, "task_type": task.type, "attempt": task.attempt}
         )

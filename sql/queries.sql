@@ -226,7 +226,7 @@ picked AS MATERIALIZED (
     LIMIT 1
 ), claimed AS (
     UPDATE slotd_tasks t
-    SET lease_token = %(token)s::uuid,
+    SET lease_token = gen_random_uuid(),  -- random, from the server's strong source
         lease_expires_at = now() + c.ceiling + make_interval(secs => %(margin_s)s),
         attempt_count = t.attempt_count + 1,
         last_attempted_at = now(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import shlex
 import signal
 from collections.abc import Iterator
@@ -204,3 +205,39 @@ def test_every_settlement_line_arrives_once_from_slots_that_hold_them(
     daemon.wait_line(r"INFO +supervisor stopped")  # the last line: the reader has them all
     seen = sorted(int(line.split("task rt.noop#")[1].split()[0]) for line in settled())
     assert seen == sorted(ids)
+
+
+def test_a_slot_skips_the_record_fields_it_never_prints_and_a_runner_gets_them_back(
+    root_restored: None,
+) -> None:
+    """The slot's lines need no caller, thread or process (slotd's formatters print none of
+    them, and finding the caller walks the stack per line); a runner's handler logging
+    through its own formatter gets them all, as in any Python process."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    log = logging.getLogger("slotd.test.lean")
+    log.addHandler(Keep())
+    log.propagate = False
+    try:
+        logs.lean_records(True)
+        log.warning("in a slot")
+        logs.lean_records(False)  # what the runner does after the fork
+        log.warning("in a runner")
+    finally:
+        logs.lean_records(False)
+    slot, runner = records
+    assert (slot.funcName, slot.lineno, slot.process, slot.threadName) == (
+        "(unknown function)",
+        0,
+        None,
+        None,
+    )
+    assert (
+        runner.funcName
+        == "test_a_slot_skips_the_record_fields_it_never_prints_and_a_runner_gets_them_back"
+    )
+    assert runner.lineno > 0 and runner.process == os.getpid() and runner.threadName
