@@ -88,10 +88,14 @@ class Chores:
 
     def repo(self) -> Repository:
         """The chores connection, opened on first use and again after any error. Its queue
-        writes carry the statement and lock timeouts every queue write does."""
+        writes carry the statement and lock timeouts every queue write does (on its session
+        when it goes straight to the server)."""
         if self._repo is None:
             conn = db.connect(self.url, role="slotd chores", prepare=self.settings.prepare)
-            self._repo = Repository.from_settings(self.settings, conn)
+            repo = Repository.from_settings(self.settings, conn)
+            if db.session_is_ours(conn, self.settings.prepare):
+                repo.bind_session()  # as a slot's: one statement per chore write, not two
+            self._repo = repo
         return self._repo
 
     def _run(self) -> None:

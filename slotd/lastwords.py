@@ -7,7 +7,7 @@ Supervisor._settle_orphan), yet a message per task woke the supervisor once more
 and cost both processes a pickle and a pipe write. A shared page is written without a
 system call and read by nobody while the slot lives.
 
-Layout: the lease token (16 bytes), the body's length (4 bytes), the pickled Result. The
+Layout: the lease token (16 bytes), the body's length (4 bytes), the pickled Result's fields. The
 token is cleared first and written last, so a slot killed mid-write leaves words that match
 no lease (the attempt then counts as a crash, as with no words at all), and words about an
 earlier attempt of the same task never match a later lease's token."""
@@ -37,9 +37,10 @@ class LastWords:
 
     def say(self, token: uuid.UUID, result: Result) -> None:
         """The slot, before it settles the attempt leased under `token`."""
-        body = pickle.dumps(result, pickle.HIGHEST_PROTOCOL)
+        body = pickle.dumps(result.fields(), pickle.HIGHEST_PROTOCOL)
         if len(body) > SIZE - _BODY:  # a huge traceback: its head and tail are enough
-            body = pickle.dumps(replace(result, error=storable(result.error or "", 4000)))
+            cut = replace(result, error=storable(result.error or "", 4000))
+            body = pickle.dumps(cut.fields(), pickle.HIGHEST_PROTOCOL)
         page = self.page
         page[_TOKEN] = _NO_TOKEN
         page[_BODY : _BODY + len(body)] = body
@@ -53,10 +54,9 @@ class LastWords:
             return None
         length = int.from_bytes(page[_LENGTH], "little")
         try:
-            result = pickle.loads(page[_BODY : _BODY + length])
+            return Result(*pickle.loads(page[_BODY : _BODY + length]))
         except Exception:  # noqa: BLE001 - torn words are no words: the attempt crashed
             return None
-        return result if isinstance(result, Result) else None
 
     def close(self) -> None:
         self.page.close()

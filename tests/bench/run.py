@@ -838,15 +838,17 @@ def _python312() -> str:
     """An interpreter oban-py accepts (>= 3.12): ours, one on PATH, or one pyenv installed."""
     if sys.version_info >= (3, 12):
         return sys.executable
-    for name in ("python3.12", "python3.13", "python3.14"):
-        if found := shutil.which(name):
-            return found
+    candidates = [found for name in ("python3.12", "python3.13", "python3.14")
+                  if (found := shutil.which(name))]  # fmt: skip
     with contextlib.suppress(OSError, subprocess.CalledProcessError):
         root = subprocess.run(
             ["pyenv", "root"], capture_output=True, text=True, check=True
         ).stdout.strip()
-        for found in sorted(Path(root).glob("versions/3.1[2-9]*/bin/python3.1[2-9]")):
-            return str(found)
+        candidates += map(str, sorted(Path(root).glob("versions/3.1[2-9]*/bin/python3.1[2-9]")))
+    for found in candidates:  # a pyenv shim is on PATH even when its version is not selected
+        check = "import sys; sys.exit(sys.version_info < (3, 12))"
+        if subprocess.run([found, "-c", check], capture_output=True).returncode == 0:
+            return found
     raise SystemExit("oban needs Python >= 3.12: none on PATH or in pyenv (or use --only slotd)")
 
 
