@@ -419,7 +419,7 @@ class Supervisor:
         with the handler's outcome unknown. The token fence makes this safe when the slot's
         own settlement did land: ours then matches nothing (`lost`)."""
         assert self.chores is not None
-        chores, stopping = self.chores, self.stopping
+        chores, stopping, registry = self.chores, self.stopping, self.registry
         kind = SHUTDOWN if stopping else CRASHED
         result = outcome if outcome is not None else Result(kind, "its slot died")
 
@@ -427,8 +427,17 @@ class Supervisor:
             repo = chores.repo()
             # A slot killed while it stopped a cancelled task: settle it as the cancel.
             cancelled = repo.cancel_reason(lease.id, lease.token)
+            # With the registry: a failure backs off by its type's own backoff, as the
+            # slot's own settlement would have (the worker's default only for types
+            # without one).
             settled = settle(
-                repo, lease, result, shutting_down=stopping, logger=log, cancelled_by=cancelled
+                repo,
+                lease,
+                result,
+                shutting_down=stopping,
+                logger=log,
+                cancelled_by=cancelled,
+                registry=registry,
             )
             return lease, str(settled.outcome), result.duration
 

@@ -149,3 +149,29 @@ def test_upgrade_keeps_live_non_default_stamps_and_lets_the_worker_restamp_the_r
         repo = Repository(conn, max_attempts=4)
         claimed = [repo.claim(repo.discover(reg.types), reg) for _ in range(2)]
         assert sorted((c.attempt, c.max_attempts) for c in claimed if c) == [(1, 4), (2, 3)]
+
+
+def test_a_dead_slots_failed_attempt_backs_off_by_its_types_own_backoff(
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+) -> None:
+    """The slot dies between its handler's failure and the settlement (every time, here):
+    the supervisor settles the attempt by the outcome the slot left, and backs it off by
+    the type's own backoff (10-20 ms for rt.fail_limited), as the slot itself would have,
+    not by the worker's 30 s default."""
+    env = {"SLOTD_ALLOW_FAULTS": "1", "SLOTD_FAULT_SLOT_CRASH": "1.0"}
+    start(daemons, db_url, slots=1, env=env)
+    task_id = slotd.enqueue(qconn, "rt.fail_limited")
+    row = wait_for(
+        lambda: (
+            (row := task_row(qconn, task_id))
+            and row["lease_token"] is None
+            and row["attempt_count"] >= 1
+            and row
+        ),
+        what="the first attempt settled by the supervisor",
+    )
+    assert "attempt 1 failed" in (row["last_error"] or "")
+    gap = (row["run_at"] - row["last_attempted_at"]).total_seconds()
+    assert gap < 1.0, gap  # the worker's default would be >= 27 s (30 s less jitter)
+    row = dead_after(qconn, task_id)
+    assert (row["attempt_count"], row["max_attempts"]) == (2, 2)
