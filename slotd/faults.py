@@ -18,9 +18,9 @@ Where each kind acts, so that it exercises the recovery path it is meant to:
 - ``lost_settlement``: the slot skips writing the outcome, so the lease is left to expire
   and another worker redelivers the task: the at-least-once path.
 - ``slot_crash``: the slot process exits with status 70 after it has left the supervisor the
-  attempt's outcome (slotd.lastwords) and before it writes the settlement; the supervisor
+  attempt's outcome (its last words) and before it writes the settlement; the supervisor
   settles the lease by that outcome (a success is dequeued, not run again) and counts the
-  settlements the slot made before it from its ledger (slotd.ledger).
+  settlements the slot made before it, all from the slot's ledger (slotd.ledger).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""A slot's ledger: the settlements it made and the lease it holds, in memory it shares with
-its supervisor.
+"""A slot's ledger: the settlements it made, the lease it holds and its last words (the
+outcome of the attempt it is about to settle), in memory it shares with its supervisor.
 
 Why: the supervisor counts every settlement (metrics, the dashboard's outcomes) and must
 know each slot's lease (to settle it at once if the slot dies, to route a cancel). A message
@@ -15,9 +15,14 @@ reader of that bell, whatever the CPU's memory order), and after the slot is dea
 the rest, and the lease, from the page itself. A record that does not fit (a task type
 longer than TYPE_MAX bytes, a ring the supervisor has not drained) goes as a message.
 
+Last words: the supervisor needs an attempt's outcome only when the slot dies between the
+handler's end and its settlement (then a success is dequeued, never run again; see
+Supervisor._settle_orphan), so the slot leaves it here before settling, without a message,
+and the supervisor reads it only once the slot is dead.
+
 Layout: written count (u64, the slot's), consumed count (u64, the supervisor's), the lease
-(token, length, pickled fields: the token is cleared first and written last, so a slot
-killed mid-write leaves no lease rather than half of one), then CAPACITY records."""
+record, the last-words record (each a `_Record`: keyed by the lease token), then CAPACITY
+settlement records."""
 
 from __future__ import annotations
 
@@ -26,21 +31,24 @@ import mmap
 import pickle
 import struct
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from slotd.outcome import Outcome
-from slotd.repository import Claimed
+from slotd.processor import Result
+from slotd.repository import Claimed, storable
 
 CAPACITY = 1024
 RECORD = struct.Struct("<ddBH")  # duration, delay (NaN: none), outcome, type length
 RECORD_SIZE = 128
 TYPE_MAX = RECORD_SIZE - RECORD.size
 LEASE_MAX = 16 * 1024
+WORDS_MAX = 64 * 1024
 _COUNTS = struct.Struct("<QQ")
-_LEASE = _COUNTS.size
-_LEASE_BODY = _LEASE + 20
-_RING = _LEASE_BODY + LEASE_MAX
+LEASE_AT = _COUNTS.size
+WORDS_AT = LEASE_AT + LEASE_MAX
+_RING = WORDS_AT + WORDS_MAX
 SIZE = _RING + CAPACITY * RECORD_SIZE
 _NO_TOKEN = bytes(16)
 OUTCOMES = tuple(str(o) for o in Outcome)
@@ -56,12 +64,53 @@ def _maybe(value: float) -> float | None:
     return None if math.isnan(value) else value
 
 
+class _Record:
+    """A pickled value keyed by a lease token, at `at` on the page: token (16 bytes), length
+    (4), body. The token is cleared first and written last, so a writer killed mid-write
+    leaves no record rather than half of one, and a record about an earlier lease never
+    matches a later lease's token."""
+
+    def __init__(self, page: mmap.mmap, at: int, size: int) -> None:
+        self.page, self.at, self.size = page, at, size
+
+    def put(self, token: bytes, value: Any) -> bool:
+        """False (and no record) when the value does not fit."""
+        body = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        page, at = self.page, self.at
+        page[at : at + 16] = _NO_TOKEN
+        if len(body) > self.size - 20:
+            return False
+        page[at + 20 : at + 20 + len(body)] = body
+        page[at + 16 : at + 20] = len(body).to_bytes(4, "little")
+        page[at : at + 16] = token
+        return True
+
+    def clear(self) -> None:
+        self.page[self.at : self.at + 16] = _NO_TOKEN
+
+    def get(self, token: bytes | None = None) -> Any:
+        """The value under `token` (None: under whatever token is there), else None."""
+        page, at = self.page, self.at
+        if page.closed:
+            return None
+        held = page[at : at + 16]
+        if held == _NO_TOKEN or (token is not None and held != token):
+            return None
+        length = int.from_bytes(page[at + 16 : at + 20], "little")
+        try:
+            return pickle.loads(page[at + 20 : at + 20 + length])
+        except Exception:  # noqa: BLE001 - a torn record is no record
+            return None
+
+
 class Ledger:
     """Made by the supervisor before it forks a slot; the fork shares the page."""
 
     def __init__(self) -> None:
         self.page = mmap.mmap(-1, SIZE)  # anonymous and MAP_SHARED: the fork shares it
         self.count = 0  # the slot's own copy of the written count
+        self._lease = _Record(self.page, LEASE_AT, LEASE_MAX)
+        self._words = _Record(self.page, WORDS_AT, WORDS_MAX)
 
     # the slot's side
 
@@ -83,17 +132,19 @@ class Ledger:
         return True
 
     def hold(self, lease: Claimed | None) -> None:
-        """The lease the slot holds now (None: none): read by the supervisor if it dies."""
-        page = self.page
-        page[_LEASE : _LEASE + 16] = _NO_TOKEN
+        """The lease the slot holds now (None: none): read by the supervisor if it dies. A
+        task type named in kilobytes does not fit: that lease is left to expire."""
         if lease is None:
-            return
-        body = pickle.dumps(lean(lease), pickle.HIGHEST_PROTOCOL)
-        if len(body) > LEASE_MAX:  # a task type named in kilobytes: left to expire
-            return
-        page[_LEASE_BODY : _LEASE_BODY + len(body)] = body
-        page[_LEASE + 16 : _LEASE + 20] = len(body).to_bytes(4, "little")
-        page[_LEASE : _LEASE + 16] = lease.token.bytes
+            self._lease.clear()
+        else:
+            self._lease.put(lease.token.bytes, lean(lease))
+
+    def say(self, token: uuid.UUID, result: Result) -> None:
+        """Last words: the outcome of the attempt leased under `token`, before settling it."""
+        if not self._words.put(token.bytes, result.fields()):
+            # A huge traceback: its head and tail are enough.
+            cut = replace(result, error=storable(result.error or "", 4000))
+            self._words.put(token.bytes, cut.fields())
 
     def unread(self) -> int:
         return self.count - _COUNTS.unpack_from(self.page)[1]
@@ -119,15 +170,15 @@ class Ledger:
 
     def lease(self) -> Claimed | None:
         """The lease the slot held when it died."""
-        page = self.page
-        if page.closed or page[_LEASE : _LEASE + 16] == _NO_TOKEN:
-            return None
-        length = int.from_bytes(page[_LEASE + 16 : _LEASE + 20], "little")
+        return unlean(self._lease.get())
+
+    def heard(self, token: uuid.UUID) -> Result | None:
+        """The slot's last words about this lease, after it died; None if it said none."""
+        fields = self._words.get(token.bytes)
         try:
-            fields = pickle.loads(page[_LEASE_BODY : _LEASE_BODY + length])
-        except Exception:  # noqa: BLE001 - a torn lease is no lease
+            return None if fields is None else Result(*fields)
+        except TypeError:  # not a Result's fields: torn, so no words
             return None
-        return unlean(fields)
 
     def close(self) -> None:
         self.page.close()

@@ -434,10 +434,6 @@ class Repository:
                     conn.execute(_sql("claim_lock"), {"lock_types": list(lock_types)})
                 yield conn
             return
-        if self.session_bound and not lock_types:
-            # The session carries the bounds; the statement is its own implicit transaction.
-            yield conn
-            return
         # One pipeline, one Sync, no BEGIN/COMMIT: the server runs everything before a Sync
         # as one implicit transaction and commits it at the Sync, so the bound is local to
         # exactly this write (behind a transaction-mode pooler too). psycopg's explicit

@@ -29,7 +29,6 @@ import psycopg
 
 from slotd import db, logs, proc, runner
 from slotd.config import Settings
-from slotd.lastwords import LastWords
 from slotd.ledger import CAPACITY, Ledger, lean
 from slotd.outcome import CRASHED, KILLED, SHUTDOWN, Outcome
 from slotd.processor import Result, Settlement, not_started, past, settle
@@ -67,9 +66,8 @@ class SlotSpec:
     faults: Any = None  # slotd.faults.Injector, when chaos is enabled
     # The pid of the process that forks the slot, recorded before the fork (1 in a container).
     parent: int = field(default_factory=os.getpid)
-    # Where the slot leaves each attempt's outcome before settling it (the supervisor's).
-    words: LastWords = field(default_factory=LastWords)
-    # Where the slot writes its settlements and its lease for the supervisor (slotd.ledger).
+    # Where the slot writes its settlements, its lease and each attempt's outcome before
+    # settling it, for the supervisor (slotd.ledger).
     ledger: Ledger = field(default_factory=Ledger)
 
 
@@ -232,6 +230,18 @@ class Slot:
         self.unrung_since = None
         lease = None if self.holding is None else lean(self.holding)
         self._report("ledger", self.spec.ledger.count, lease, self._runner_pid())
+
+    def _pay_what_is_due(self, timeout: float | None) -> float | None:
+        """Held log lines wait no longer than LOG_HOLD, unrung ledger entries no longer than
+        RING_HOLD: write what is due now, and wake in time for the rest."""
+        for due_in, pay in ((logs.due_in, logs.flush), (self._ring_due, self._ring)):
+            if (due := due_in()) is None:
+                continue
+            if due <= 0:
+                pay()
+            else:
+                timeout = due if timeout is None else min(timeout, due)
+        return timeout
 
     def _ring_due(self) -> float | None:
         if self.unrung_since is None:
@@ -612,17 +622,7 @@ class Slot:
                     grace = self.settings.kill_grace.total_seconds()
                     return Result(KILLED, f"killed {grace:g}s after its deadline", advanced, True)
             proc.set_title(f"{label} {now - dog.started:.0f}s/{ceiling.total_seconds():.0f}s")
-            timeout = dog.wait_for(now)
-            if (due := logs.due_in()) is not None:  # held lines wait no longer than LOG_HOLD
-                if due <= 0:
-                    logs.flush()
-                else:
-                    timeout = due if timeout is None else min(timeout, due)
-            if (due := self._ring_due()) is not None:  # nor does the ledger, past RING_HOLD
-                if due <= 0:
-                    self._ring()
-                else:
-                    timeout = due if timeout is None else min(timeout, due)
+            timeout = self._pay_what_is_due(dog.wait_for(now))
             watched = [runner_.conn, self.selfpipe]
             if runner_.watch.fd is not None:  # no pidfd (old kernel, seccomp): polled below
                 watched.append(runner_.watch)
@@ -711,7 +711,7 @@ class Slot:
         # the lease by what the handler did, fenced on the token, instead of calling it a
         # crash and running a task that succeeded again. With the supervisor gone (kill -9 of
         # it) the slot still settles what it holds on its way out.
-        self.spec.words.say(claimed.token, result)
+        self.spec.ledger.say(claimed.token, result)
         faults = self.spec.faults
         if faults is not None:
             faults.crash_slot_before_settlement()

@@ -25,7 +25,6 @@ import psycopg
 from slotd import db, maintenance, proc, repository, sdnotify
 from slotd.chores import Chores, Done
 from slotd.config import Settings, format_duration
-from slotd.lastwords import LastWords
 from slotd.ledger import Ledger, unlean
 from slotd.outcome import CRASHED, SHUTDOWN, MinuteTally
 from slotd.processor import Result, settle
@@ -55,9 +54,8 @@ class SlotHandle:
     ready: bool = False
     busy: bool = False
     lease: Claimed | None = None
-    # What the lease's attempt came to, left by the slot before settling (slotd.lastwords).
-    words: LastWords = field(default_factory=LastWords)
-    ledger: Ledger = field(default_factory=Ledger)  # its settlements and lease (slotd.ledger)
+    # Its settlements, lease and last words (slotd.ledger).
+    ledger: Ledger = field(default_factory=Ledger)
     runner_pid: int | None = None
     stuck: int = 0  # runners that did not die after SIGKILL (uninterruptible sleep)
 
@@ -221,7 +219,6 @@ class Supervisor:
             self.read_url,
             self.faults,
             parent=os.getpid(),
-            words=LastWords(),
             ledger=Ledger(),
         )
         pid = proc.fork_guarded()
@@ -238,7 +235,6 @@ class Supervisor:
             pid,
             Connection(ours.detach()),
             proc.ChildWatch(pid),
-            words=spec.words,
             ledger=spec.ledger,
         )
         self.respawn_at.pop(number, None)
@@ -249,7 +245,6 @@ class Supervisor:
         for handle in self.slots.values():
             handle.conn.close()
             handle.watch.close()
-            handle.words.close()
             handle.ledger.close()
         self.selfpipe.close()
         if self.chores is not None:
@@ -387,8 +382,7 @@ class Supervisor:
         self._read_ledger(handle, None)
         handle.lease = handle.ledger.lease()
         if handle.lease is not None:
-            self._settle_orphan(handle.lease, handle.words.heard(handle.lease.token))
-        handle.words.close()
+            self._settle_orphan(handle.lease, handle.ledger.heard(handle.lease.token))
         handle.ledger.close()
         if self.stopping:
             return

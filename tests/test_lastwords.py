@@ -1,4 +1,4 @@
-"""A slot's last words: the outcome it leaves in shared memory before settling, which the
+"""A slot's last words: the outcome it leaves in its ledger before settling, which the
 supervisor reads only after the slot died (tests/test_chaos.py kills slots between the two)."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import uuid
 
-from slotd.lastwords import SIZE, LastWords
+from slotd.ledger import WORDS_AT, WORDS_MAX, Ledger
 from slotd.outcome import CRASHED
 from slotd.processor import Result
 
 
 def test_words_cross_a_fork_and_are_heard_for_their_own_lease_only() -> None:
-    words = LastWords()
+    words = Ledger()
     token, later = uuid.uuid4(), uuid.uuid4()
     pid = os.fork()
     if pid == 0:  # the slot: says one outcome, then dies without a word of goodbye
@@ -29,13 +29,13 @@ def test_words_cross_a_fork_and_are_heard_for_their_own_lease_only() -> None:
 
 
 def test_torn_or_oversized_words_are_no_words_or_cut_to_fit() -> None:
-    words = LastWords()
+    words = Ledger()
     token = uuid.uuid4()
-    words.say(token, Result("error", "x" * (4 * SIZE)))  # a traceback bigger than the page
+    words.say(token, Result("error", "x" * (4 * WORDS_MAX)))  # a traceback bigger than the page
     heard = words.heard(token)
     assert heard is not None and heard.kind == "error" and "characters cut" in (heard.error or "")
     # A slot killed mid-write has cleared the token first: nothing matches.
-    words.page[0:16] = bytes(16)
+    words.page[WORDS_AT : WORDS_AT + 16] = bytes(16)
     assert words.heard(token) is None
     words.close()
     assert words.heard(token) is None
