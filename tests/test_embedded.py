@@ -187,11 +187,12 @@ def _preload(monkeypatch: pytest.MonkeyPatch) -> None:
     able to read this interpreter's files, nor a checkout under root's home (its sql/)."""
     import importlib.metadata  # noqa: F401
 
-    import slotd.repository
+    import slotd.repository.schema
 
     slotd.repository.statements()
     loaded = slotd.repository.migrations()
-    monkeypatch.setattr(slotd.repository, "migrations", lambda: loaded)
+    # Where migrate() looks it up: the schema module, not the package's re-export.
+    monkeypatch.setattr(slotd.repository.schema, "migrations", lambda: loaded)
     try:
         psycopg.connect("host=/nonexistent-slotd-dir port=1 connect_timeout=1").close()
     except psycopg.Error:

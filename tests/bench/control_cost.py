@@ -111,6 +111,14 @@ VARIANTS: list[tuple[str, bool, int]] = [
 BLOCK = 20  # claims per variant in a row; variants rotate block by block
 
 
+def use_statements(table: dict[str, str]) -> None:
+    """Every repository module runs the statements of `table` from now on: the loaded
+    statements are one cached dict that they all read, swapped here in place."""
+    live = repository.statements()
+    live.clear()
+    live.update(table)
+
+
 def bench_claims(url: str, samples: int, rounds: int) -> None:
     original = dict(repository.statements())
     before = {name: without_pause_clause(sql) for name, sql in original.items()}
@@ -129,7 +137,7 @@ def bench_claims(url: str, samples: int, rounds: int) -> None:
                 for name in others[:paused]:
                     slotd.pause(conn, name, by="bench")
                 table = original if clause else before
-                repository._sql = lambda name, table=table: table[name]  # type: ignore[assignment]
+                use_statements(table)
                 got = claim_samples(conn, BLOCK)
                 for key, values in got.items():
                     results[label][key] += values
@@ -138,12 +146,12 @@ def bench_claims(url: str, samples: int, rounds: int) -> None:
         # A paused backlog ahead of the served work: what discovery pays for it today.
         seed(conn, samples + 50, 100_000)
         slotd.pause(conn, "bench.held", by="bench")
-        repository._sql = lambda name: original[name]  # type: ignore[assignment]
+        use_statements(original)
         results["1 other type paused, 100,000 of it due first"] = claim_samples(conn, samples)
         # A deep queue: discovery must still stop at its LIMIT, paused check or not.
         seed(conn, 1_000_000, 0)
         for label, table in (("before #15", before), ("nothing paused", original)):
-            repository._sql = lambda name, table=table: table[name]  # type: ignore[assignment]
+            use_statements(table)
             results[f"{label}, 1,000,000 due"] = claim_samples(conn, samples // 4)
     print("\n| statements | claims | claim p50 ms | claim p99 ms | discover p50 ms |")
     print("|---|---|---|---|---|")

@@ -1,0 +1,170 @@
+"""Operator control: the fleet gauges, the dead letters (list, retry, purge, retention),
+and cancel, pause and resume (in the caller's transaction, like enqueue)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from slotd.repository.lanes import Lanes
+from slotd.repository.named import Executor, _dicts, _sql
+from slotd.repository.queue import Limits, limit_params
+
+
+class OperatorControl(Lanes):
+    """What the operator's commands and the metrics read and change on a worker's lanes."""
+
+    # fleet view and maintenance (autocommit statements on the write lane)
+
+    def gauges(self, limits: Limits | None = None) -> dict[str, Any]:
+        """Fleet gauges. `limits`: tasks held back only by these limits are not counted as
+        waiting in oldest_due_seconds (they wait on their own limit, not on the fleet)."""
+        out: dict[str, Any] = {
+            "pending": {},
+            "running": {},
+            "dead": {},
+            "paused": {},
+            "oldest_due_seconds": 0.0,
+        }
+        params = {"lead_s": self.lead_s, **limit_params(limits or {})}
+        for kind, task_type, value in self.read.execute(_sql("gauges"), params).fetchall():
+            if kind == "oldest_due":
+                out["oldest_due_seconds"] = float(value or 0.0)
+            else:
+                bucket = out[kind]
+                bucket[task_type] = bucket.get(task_type, 0) + int(value)
+        return out
+
+    def dead_list(
+        self,
+        task_type: str | None = None,
+        ids: Sequence[int] | None = None,
+        limit: int = 100,
+        key: str | None = None,
+        key_types: Sequence[str] = (),
+    ) -> list[dict[str, Any]]:
+        """Newest first; `key` is searched among `key_types` (or `task_type`)."""
+        params = {
+            "task_type": task_type,
+            "ids": list(ids) if ids else None,
+            "limit": limit,
+            "key": key,
+            "key_types": [task_type] if task_type else list(key_types),
+        }
+        return _dicts(self.read.execute(_sql("dead_list"), params))
+
+    def dead_count(
+        self,
+        task_type: str | None = None,
+        ids: Sequence[int] | None = None,
+        older_than: timedelta | None = None,
+    ) -> int:
+        params = {
+            "task_type": task_type,
+            "ids": list(ids) if ids else None,
+            "older_than_s": older_than.total_seconds() if older_than else None,
+        }
+        return int(self.read.execute(_sql("dead_count"), params).fetchone()[0])  # type: ignore[index]
+
+    def dead_retry_batch(
+        self, task_type: str | None = None, ids: Sequence[int] | None = None, batch: int = 1000
+    ) -> list[int]:
+        params = {"task_type": task_type, "ids": list(ids) if ids else None, "batch": batch}
+        _, rows = self._write("dead_retry", params)
+        return [row[0] for row in rows]
+
+    def dead_purge_batch(
+        self,
+        task_type: str | None = None,
+        ids: Sequence[int] | None = None,
+        older_than: timedelta | None = None,
+        batch: int = 5000,
+    ) -> int:
+        params = {
+            "task_type": task_type,
+            "ids": list(ids) if ids else None,
+            "older_than_s": older_than.total_seconds() if older_than else None,
+            "batch": batch,
+        }
+        count, _ = self._write("dead_purge", params)
+        return count
+
+    def prune_dead(self, retention: timedelta, batch: int = 5000) -> int:
+        """Retention: dead letters whose last attempt is older than the window, in batches
+        so a million-row backlog never holds one long transaction."""
+        total = 0
+        while True:
+            pruned = self.dead_purge_batch(older_than=retention, batch=batch)
+            total += pruned
+            if pruned < batch:
+                return total
+
+    # ops
+
+    def oldest_due_by_type(self) -> dict[str, float]:
+        """Seconds the oldest claimable task of each type has been due (types with none
+        are absent)."""
+        rows = self.read.execute(_sql("oldest_due_by_type"), {"lead_s": self.lead_s}).fetchall()
+        return {task_type: float(seconds) for task_type, seconds in rows}
+
+
+# operator control: cancel, pause, resume (in the caller's transaction, like enqueue)
+
+CONTROL_CHANNEL = "slotd_control"
+
+
+@dataclass(frozen=True)
+class CancelledTask:
+    id: int
+    task_type: str
+    running: bool  # under a live lease: its replica was told to stop it
+
+
+def cancel_tasks(
+    target: Executor,
+    *,
+    by: str,
+    ids: Sequence[int] | None = None,
+    task_type: str | None = None,
+    key: str | None = None,
+    batch: int = 1000,
+) -> list[CancelledTask]:
+    """Cancel up to `batch` live tasks matching every filter given; returns those cancelled
+    (a task that finished, is dead or was already cancelled is not among them)."""
+    params = {
+        "ids": list(ids) if ids else None,
+        "task_type": task_type,
+        "key": key,
+        "by": by,
+        "batch": batch,
+    }
+    rows = target.execute(_sql("cancel"), params).fetchall()
+    return [CancelledTask(*row) for row in rows]
+
+
+def pause_type(
+    target: Executor,
+    task_type: str,
+    *,
+    by: str,
+    until: datetime | None = None,
+    for_seconds: float | None = None,
+) -> dict[str, Any]:
+    params = {"task_type": task_type, "until": until, "for_s": for_seconds, "by": by}
+    cur = target.execute(_sql("pause"), params)
+    names = [col.name for col in cur.description or []]
+    return dict(zip(names, cur.fetchone() or (), strict=True))
+
+
+def resume_type(target: Executor, task_type: str, *, by: str) -> bool | None:
+    """True: it was paused; False: its pause had already ended; None: it was never paused."""
+    row = target.execute(_sql("resume"), {"task_type": task_type, "by": by}).fetchone()
+    return None if row is None else bool(row[0])
+
+
+def paused_types(target: Executor) -> list[dict[str, Any]]:
+    cur = target.execute(_sql("paused_types"))
+    names = [col.name for col in cur.description or []]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]

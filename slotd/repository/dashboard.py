@@ -1,0 +1,77 @@
+"""The web dashboard's reads (slotd.web), on one pooled connection."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from slotd.repository.control import OperatorControl, paused_types
+from slotd.repository.fleet import Fleet
+from slotd.repository.named import _dicts, _interval, _sql
+from slotd.repository.schedules import Schedules
+
+
+class DashboardReads:
+    """The web dashboard's statements (slotd.web), on one connection. Every one is bounded
+    by a cap or a limit; the counts use the gauges' predicates."""
+
+    COUNT_CAP = 10_000
+    OPTIONAL_TABLES = ("slotd_schedules",)
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    @staticmethod
+    def prepare(conn: psycopg.Connection[Any], statement_timeout: timedelta) -> None:
+        """Once per pooled connection: no dashboard statement runs longer than this."""
+        conn.execute(_sql("dash_read_timeout"), {"statement_timeout": _interval(statement_timeout)})
+
+    def replicas(self) -> list[dict[str, Any]]:
+        return Fleet(self.conn).replicas()
+
+    def dead_list(
+        self, task_type: str | None, *, limit: int, **search: Any
+    ) -> list[dict[str, Any]]:
+        return OperatorControl(self.conn).dead_list(task_type, limit=limit, **search)
+
+    def types(self, limit: int = 500) -> list[str]:
+        return [row[0] for row in self.conn.execute(_sql("dash_types"), {"limit": limit})]
+
+    def counts(self, types: Sequence[str]) -> list[dict[str, Any]]:
+        params = {"types": list(types), "cap": self.COUNT_CAP}
+        return _dicts(self.conn.execute(_sql("dash_counts"), params))
+
+    def outcomes(self) -> list[dict[str, Any]]:
+        return _dicts(self.conn.execute(_sql("dash_outcomes")))
+
+    def running(self, lease_margin: timedelta, limit: int = 200) -> list[dict[str, Any]]:
+        params = {"margin_s": lease_margin.total_seconds(), "limit": limit}
+        return _dicts(self.conn.execute(_sql("dash_running"), params))
+
+    def task(self, task_id: int) -> dict[str, Any] | None:
+        rows = _dicts(self.conn.execute(_sql("dash_task"), {"id": task_id}))
+        return rows[0] if rows else None
+
+    def dead_count(self, task_type: str | None) -> int:
+        params = {"task_type": task_type, "cap": self.COUNT_CAP}
+        return int(self.conn.execute(_sql("dash_dead_count"), params).fetchone()[0])  # type: ignore[index]
+
+    def tables(self) -> set[str]:
+        cur = self.conn.execute(_sql("dash_tables"), {"names": list(self.OPTIONAL_TABLES)})
+        return {row[0] for row in cur}
+
+    def schedules(self) -> list[dict[str, Any]]:
+        """`slotd schedules`' statement (one row per schedule, a handful)."""
+        return Schedules(self.conn).schedules_overview()
+
+    def rows_of(self, table: str, limit: int = 200) -> list[dict[str, Any]]:
+        """An optional capability's table, whatever its columns (only OPTIONAL_TABLES)."""
+        name = {"slotd_schedules": "dash_schedules"}[table]
+        return [row[0] for row in self.conn.execute(_sql(name), {"limit": limit})]
+
+    def paused(self) -> list[dict[str, Any]]:
+        """The types paused now (`slotd pause`), as `slotd status` lists them."""
+        return paused_types(self.conn)

@@ -1,0 +1,59 @@
+"""The fleet's shared record: replica heartbeats and departures, chore elections, and the
+outcome counts the dashboard shows for the last hour."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from slotd.repository.lanes import Lanes
+from slotd.repository.named import _dicts, _sql
+from slotd.repository.queue import Limits
+
+
+class Fleet(Lanes):
+    """What a replica writes about itself, and reads about the others."""
+
+    def elect_chore(self, chore: str, period: timedelta) -> bool:
+        """True on the one replica that runs `chore` this period (e.g. hourly retention)."""
+        params = {"chore": chore, "period_s": period.total_seconds() * 0.95}
+        return bool(self._write("elect_chore", params)[1])
+
+    def heartbeat(
+        self,
+        replica_id: str,
+        hostname: str,
+        pid: int,
+        slots: int,
+        task_types: list[str],
+        leases: Mapping[int, int] | None = None,
+        limits: Limits | None = None,
+    ) -> None:
+        """`leases`: task id -> the slot number holding it, for the dashboard."""
+        params = {
+            "replica_id": replica_id,
+            "hostname": hostname,
+            "pid": pid,
+            "slots": slots,
+            "task_types": task_types,
+            "leases": json.dumps({str(k): v for k, v in (leases or {}).items()}),
+            "limits": json.dumps({k: list(v) for k, v in (limits or {}).items()}),
+        }
+        # Bounded like every queue write: a heartbeat stuck behind a lock must end.
+        self._write("replica_heartbeat", params)
+
+    def record_outcomes(self, rows: Sequence[tuple[datetime, str, str, int]]) -> None:
+        """Add (minute, type, outcome, count) rows to the dashboard's last-hour record."""
+        if not rows:
+            return
+        minutes, types, outcomes, counts = (list(col) for col in zip(*rows, strict=True))
+        params = {"minutes": minutes, "types": types, "outcomes": outcomes, "counts": counts}
+        self.write.execute(_sql("record_outcomes"), params)
+
+    def replica_gone(self, replica_id: str) -> None:
+        self._write("replica_gone", {"replica_id": replica_id})
+
+    def replicas(self) -> list[dict[str, Any]]:
+        return _dicts(self.write.execute(_sql("replicas")))

@@ -1,0 +1,170 @@
+"""What a producer runs: enqueue's one statement, its input validated before anything is
+sent, on a sync or an asyncio connection or cursor (the caller's transaction)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from slotd.payload import encode
+from slotd.registry import validate_type_name
+from slotd.repository.named import AsyncExecutor, Executor, _sql
+
+
+def _json_object(payload: Mapping[str, Any] | None, task_type: str) -> str:
+    return encode(payload, f"task {task_type!r}")
+
+
+def _seconds(delay: timedelta | float | int | None) -> float:
+    if delay is None:
+        return 0.0
+    return delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+
+
+PRIORITY_RANGE = range(-100, 101)
+# The largest head start is this many steps: what bounds a scan in delivery order.
+PRIORITY_SPAN = 100
+
+
+@dataclass(frozen=True)
+class NewTask:
+    task_type: str
+    payload: Mapping[str, Any] | None = None
+    delay: timedelta | float | None = None
+    key: str | None = None
+    priority: int = 0
+    group: str | None = None
+
+
+def _priority(value: object, task_type: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value not in PRIORITY_RANGE:
+        raise ValueError(
+            f"task {task_type!r}: priority must be a whole number from -100 to 100, got {value!r}"
+        )
+    return value
+
+
+def enqueue_params(
+    items: Iterable[NewTask | tuple[Any, ...]],
+    *,
+    max_attempts: int = 20,
+    explicit: bool = False,
+    priority_step: timedelta = timedelta(seconds=1),
+) -> dict[str, Any] | None:
+    """The `enqueue` statement's parameters, or None for no items. The one place producer
+    input is validated (the sync and asyncio paths share it): everything is checked before
+    anything is sent, so bad input leaves the caller's transaction untouched. A task of
+    priority p is ordered as if it had become due p x priority_step earlier (the
+    producer's step, stamped on the row)."""
+    rows = [item if isinstance(item, NewTask) else NewTask(*item) for item in items]
+    if not rows:
+        return None
+    step = priority_step.total_seconds()
+    types, payloads, keys, delays, priorities, groups, leads = [], [], [], [], [], [], []
+    for row in rows:
+        types.append(validate_type_name(row.task_type))
+        payloads.append(_json_object(row.payload, row.task_type))
+        if row.key is not None and not isinstance(row.key, str):
+            raise TypeError(f"task {row.task_type!r}: key must be a string")
+        if row.group is not None and not isinstance(row.group, str):
+            raise TypeError(f"task {row.task_type!r}: group must be a string")
+        keys.append(row.key)
+        delays.append(_seconds(row.delay))
+        priorities.append(_priority(row.priority, row.task_type))
+        groups.append(row.group)
+        leads.append(priorities[-1] * step)
+    return {
+        "types": types,
+        "payloads": payloads,
+        "keys": keys,
+        "delays": delays,
+        "priorities": priorities,
+        "groups": groups,
+        "leads": leads,
+        "max_attempts": max_attempts,
+        "explicit": explicit,
+    }
+
+
+def enqueue_many(
+    target: Executor,
+    items: Iterable[NewTask | tuple[Any, ...]],
+    *,
+    max_attempts: int = 20,
+    explicit: bool = False,
+    priority_step: timedelta = timedelta(seconds=1),
+) -> list[int]:
+    """Insert tasks inside the caller's transaction and return their ids, in order; a key
+    with a live row returns that row's id. `explicit=False`: the claiming worker stamps
+    its own max_attempts over this one."""
+    params = enqueue_params(
+        items, max_attempts=max_attempts, explicit=explicit, priority_step=priority_step
+    )
+    if params is None:
+        return []
+    result = target.execute(_sql("enqueue"), params).fetchall()
+    ids: list[int] = []
+    for index, (_ord, task_id, task_type, key) in enumerate(result):
+        for _ in range(_KEY_TRIES):
+            if task_id is not None:
+                break
+            # Met a concurrent or same-batch enqueue of the same key: a new statement sees
+            # that row, unless it was claimed and finished meanwhile; then insert ours.
+            found = target.execute(_sql("live_by_key"), {"task_type": task_type, "key": key})
+            row = found.fetchone()
+            task_id = row[0] if row else _enqueue_one(target, params, index)
+        ids.append(_found(task_id, task_type, key))
+    return ids
+
+
+def _enqueue_one(target: Executor, params: dict[str, Any], index: int) -> int | None:
+    return target.execute(_sql("enqueue"), _one(params, index)).fetchall()[0][1]
+
+
+async def enqueue_many_async(
+    target: AsyncExecutor,
+    items: Iterable[NewTask | tuple[Any, ...]],
+    *,
+    max_attempts: int = 20,
+    explicit: bool = False,
+    priority_step: timedelta = timedelta(seconds=1),
+) -> list[int]:
+    """enqueue_many on a psycopg AsyncConnection or AsyncCursor: the same statement."""
+    params = enqueue_params(
+        items, max_attempts=max_attempts, explicit=explicit, priority_step=priority_step
+    )
+    if params is None:
+        return []
+    result = await (await target.execute(_sql("enqueue"), params)).fetchall()
+    ids: list[int] = []
+    for index, (_ord, task_id, task_type, key) in enumerate(result):
+        for _ in range(_KEY_TRIES):
+            if task_id is not None:
+                break
+            found = await target.execute(_sql("live_by_key"), {"task_type": task_type, "key": key})
+            row = await found.fetchone()
+            if row:
+                task_id = row[0]
+            else:
+                again = await target.execute(_sql("enqueue"), _one(params, index))
+                task_id = (await again.fetchall())[0][1]
+        ids.append(_found(task_id, task_type, key))
+    return ids
+
+
+# A keyed row that keeps finishing between our two statements, this many times in a row,
+# is not a race any more but a bug worth an error.
+_KEY_TRIES = 5
+
+
+def _one(params: dict[str, Any], index: int) -> dict[str, Any]:
+    """The enqueue parameters for input row `index` alone."""
+    return {k: v[index : index + 1] if isinstance(v, list) else v for k, v in params.items()}
+
+
+def _found(task_id: int | None, task_type: str, key: str | None) -> int:
+    if task_id is None:
+        raise RuntimeError(f"task {task_type!r} key {key!r}: no live row and no insert")
+    return task_id

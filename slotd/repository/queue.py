@@ -1,0 +1,244 @@
+"""The queue protocol on a worker's lanes: discovery, the single-row claim, and the
+settlements, every one fenced on the lease token (see the seed's design)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from slotd.errors import LeaseLost
+from slotd.payload import encode
+from slotd.registry import Registry
+from slotd.repository.lanes import Lanes
+from slotd.repository.named import _sql
+from slotd.task import Task
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A row this worker holds a lease on, with the database's own stamps."""
+
+    id: int
+    task_type: str
+    payload: dict[str, Any]
+    key: str | None
+    run_at: datetime
+    attempt: int
+    max_attempts: int
+    token: uuid.UUID
+    lease_expires_at: datetime
+    claimed_at: datetime
+
+    @property
+    def final_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+    def task(self) -> Task:
+        return Task(self.id, self.task_type, self.payload, self.attempt, self.key, self.run_at)
+
+    def deadline(self, margin: timedelta) -> datetime:
+        return self.lease_expires_at - margin
+
+
+@dataclass(frozen=True)
+class Failure:
+    attempt: int
+    max_attempts: int
+    run_at: datetime
+
+    @property
+    def dead(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+
+ERROR_LIMIT = 8000
+
+
+def storable(text: str, limit: int = ERROR_LIMIT) -> str:
+    """Error text PostgreSQL will take, whatever a handler put in its exception: NUL
+    escaped (a text column cannot hold one), lone surrogates escaped (not UTF-8), and at
+    most `limit` characters, keeping the head and the tail, where a traceback names its
+    exception."""
+    text = text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) <= limit:
+        return text
+    head = limit // 4
+    tail = limit - head - 40
+    return f"{text[:head]}\n... [{len(text) - head - tail} characters cut] ...\n{text[-tail:]}"
+
+
+Limits = Mapping[str, tuple[int | None, int | None]]
+
+
+def limit_params(limits: Limits) -> dict[str, Any]:
+    """The within_limits predicate's parallel arrays; empty for an unlimited registry."""
+    names = sorted(limits)
+    return {
+        "limited": names,
+        "max_running": [limits[n][0] for n in names],
+        "max_per_group": [limits[n][1] for n in names],
+        "settling": None,
+        "settling_token": None,
+    }
+
+
+def id_array(ids: Sequence[int]) -> str:
+    """The candidate ids as a bigint[] literal: on every claim, so no per-element checks."""
+    return "{" + ",".join(map(str, ids)) + "}"
+
+
+def array_literal(values: Sequence[Any]) -> str:
+    """A PostgreSQL array literal of ints, floats, strings or None, for a parameter the
+    statement casts (`%(ids)s::bigint[]`)."""
+    parts = []
+    for v in values:
+        if v is None:
+            parts.append("NULL")
+        elif isinstance(v, str):
+            parts.append('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"')
+        else:
+            parts.append(repr(v) if isinstance(v, float) else str(int(v)))
+    return "{" + ",".join(parts) + "}"
+
+
+class QueueProtocol(Lanes):
+    """Discovery, claim and the fenced settlements of one worker."""
+
+    # discovery and claim
+
+    def discover(
+        self,
+        types: Sequence[str],
+        limit: int = 20,
+        limits: Limits | None = None,
+        on_primary: bool = False,
+    ) -> list[int]:
+        """Candidate ids in delivery order (ordering key, then id), passing over rows that
+        their type's or group's limit holds back right now; from the read lane, or from the
+        primary after a read-lane discovery whose candidates were all gone there."""
+        params = {
+            "types": list(types),
+            "limit": limit,
+            "lead_s": self.lead_s,
+            **limit_params(limits or {}),
+        }
+        conn = self.write if on_primary else self.read
+        rows = conn.execute(_sql("discover"), params).fetchall()
+        self._candidate_types = {task_id: task_type for task_id, task_type in rows}
+        return [row[0] for row in rows]
+
+    def _claim_params(self, ids: Sequence[int], registry: Registry) -> dict[str, Any]:
+        # Arrays go as array literals (text the statement casts): psycopg's list adaptation
+        # walks every element in Python on every claim, 74 us per claim against 12 us for
+        # these strings (tests/bench/cpu_per_task.py). The registry's arrays change only
+        # when a type is registered, so they are built once per registry and type list.
+        types = registry.types
+        cached = self._claim_arrays
+        if cached is None or cached[0] is not registry or cached[1] != types:
+            arrays = {
+                "types": types,
+                "ceilings_s": registry.ceilings_seconds,
+                "max_attempts": registry.max_attempts(self.max_attempts),
+                **limit_params(registry.concurrency_limits),
+            }
+            literals = {k: v if v is None else array_literal(v) for k, v in arrays.items()}
+            cached = self._claim_arrays = (registry, types, literals)
+        return {
+            "ids": id_array(ids),
+            **cached[2],
+            "margin_s": self.lease_margin.total_seconds(),
+        }
+
+    def _lock_types(self, ids: Sequence[int], registry: Registry) -> list[str]:
+        """The limited types this claim may pick: those among the candidates when the last
+        discovery found them all, else (ids from elsewhere) every limited type served."""
+        limited = registry.concurrency_limits
+        if not limited:
+            return []
+        known = self._candidate_types
+        if all(task_id in known for task_id in ids):
+            return sorted({known[i] for i in ids} & limited.keys())
+        return sorted(limited)
+
+    def claim(self, ids: Sequence[int], registry: Registry) -> Claimed | None:
+        if not ids:
+            return None
+        lock = self._lock_types(ids, registry)
+        _, rows = self._write("claim", self._claim_params(ids, registry), lock)
+        return Claimed(*rows[0]) if rows else None
+
+    # fenced settlements
+
+    def dequeue(self, task_id: int, token: uuid.UUID | None) -> None:
+        count, _ = self._write("dequeue", {"id": task_id, "token": token})
+        if count == 0:
+            raise LeaseLost(f"task {task_id}: dequeue refused, the lease is not ours")
+
+    def dequeue_and_claim(
+        self, task_id: int, token: uuid.UUID | None, ids: Sequence[int], registry: Registry
+    ) -> Claimed | None:
+        """Dequeue a finished task and claim the next of `ids` in one statement: one round
+        trip, one commit. A refused dequeue raises LeaseLost carrying the new claim."""
+        params = {
+            **self._claim_params(ids, registry),
+            "id": task_id,
+            "done_token": token,
+            # The settled row's place is free for the claim riding on its settlement.
+            "settling": task_id,
+            "settling_token": token,
+        }
+        _, rows = self._write("dequeue_claim", params, self._lock_types(ids, registry))
+        dequeued, *claim = rows[0]
+        claimed = Claimed(*claim) if claim[0] is not None else None
+        if not dequeued:
+            raise LeaseLost(f"task {task_id}: dequeue refused, the lease is not ours", claimed)
+        return claimed
+
+    def record_failure(
+        self,
+        task_id: int,
+        token: uuid.UUID,
+        error: str,
+        *,
+        backoff_base: timedelta | None = None,
+        backoff_cap: timedelta | None = None,
+    ) -> Failure:
+        """Back off and keep the error. `backoff_base` / `backoff_cap`: the type's own,
+        else the worker's."""
+        params = {"id": task_id, "token": token, "error": storable(error), **self._backoff}
+        if backoff_base is not None:
+            params["base_s"] = backoff_base.total_seconds()
+        if backoff_cap is not None:
+            params["cap_s"] = backoff_cap.total_seconds()
+        _, rows = self._write("record_failure", params)
+        if not rows:
+            raise LeaseLost(f"task {task_id}: failure refused, the lease is not ours")
+        return Failure(*rows[0])
+
+    def advance_cursor(
+        self, task_id: int, token: uuid.UUID, payload: Mapping[str, Any] | str
+    ) -> bool:
+        """`payload` is the new payload, or its JSON text already encoded (by the handler's
+        Context, in the handler's own frame)."""
+        body = payload if isinstance(payload, str) else encode(payload, "cursor")
+        count, _ = self._write("advance_cursor", {"id": task_id, "token": token, "payload": body})
+        return count == 1
+
+    def release(self, task_id: int, token: uuid.UUID, reason: str) -> bool:
+        params = {"id": task_id, "token": token, "reason": storable(reason)}
+        _, rows = self._write("release", params)
+        return len(rows) == 1
+
+    def settle_cancelled(self, task_id: int, token: uuid.UUID) -> bool:
+        count, _ = self._write("settle_cancelled", {"id": task_id, "token": token})
+        return count == 1
+
+    def cancel_reason(self, task_id: int, token: uuid.UUID) -> str | None:
+        """The cancel's reason when an operator cancelled this lease's task, else None. On
+        the write lane: a replica's lag must not hide a cancel."""
+        row = self.write.execute(_sql("cancelled_lease"), {"id": task_id, "token": token})
+        found = row.fetchone()
+        return str(found[0]) if found else None

@@ -1,0 +1,41 @@
+"""Statements about a connection's own session: liveness, its server backend, LISTEN,
+NOTIFY, and the sessions waiting for its locks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from slotd.repository.named import _sql
+
+WAKE_CHANNEL = "slotd_wake"
+
+
+def ping(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(_sql("ping"))
+
+
+def waiting_for(conn: psycopg.Connection[Any], holder: int) -> list[int]:
+    """Sessions waiting for a lock held by session `holder`."""
+    return [row[0] for row in conn.execute(_sql("waiting_for"), {"holder": holder})]
+
+
+def cancel_backend(conn: psycopg.Connection[Any], pid: int) -> None:
+    conn.execute(_sql("cancel_backend"), {"pid": pid})
+
+
+def listen(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(_sql("listen"))
+
+
+def listen_control(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(_sql("listen_control"))
+
+
+def notify_selftest(conn: psycopg.Connection[Any], payload: str) -> None:
+    conn.execute(_sql("notify_selftest"), {"payload": payload})
+
+
+def backend_pid(conn: psycopg.Connection[Any]) -> int:
+    return int(conn.execute(_sql("backend_pid")).fetchone()[0])  # type: ignore[index]
