@@ -35,12 +35,12 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from slotd.outcome import Outcome
-from slotd.processor import Result
+from slotd.outcome import Outcome, Result
 from slotd.repository import Claimed, storable
 
 CAPACITY = 1024
-RECORD = struct.Struct("<ddBH")  # duration, delay (NaN: none), outcome, type length
+# duration, delay (NaN: none), outcome, type length, the token of the lease it settled
+RECORD = struct.Struct("<ddBH16s")
 RECORD_SIZE = 128
 TYPE_MAX = RECORD_SIZE - RECORD.size
 LEASE_MAX = 16 * 1024
@@ -114,7 +114,17 @@ class Ledger:
 
     # the slot's side
 
-    def record(self, settled: Settled) -> bool:
+    def settled(self, settled: Settled, token: uuid.UUID, then: Claimed | None) -> bool:
+        """A settlement of the lease under `token`, and the lease held after it (the claim
+        that rode on it, or none): one step. The record goes first and names the token it
+        settled, so a slot killed between the two writes leaves a lease that `lease()`
+        knows was settled: it is neither settled again (a second count) nor lost. False
+        when the record must go as a message instead."""
+        written = self.record(settled, token.bytes)
+        self.hold(then)
+        return written
+
+    def record(self, settled: Settled, token: bytes = _NO_TOKEN) -> bool:
         """Write one settlement; False when it must go as a message instead."""
         task_type, outcome, duration, delay = settled
         name = task_type.encode()
@@ -125,7 +135,7 @@ class Ledger:
             return False
         at = _RING + (self.count % CAPACITY) * RECORD_SIZE
         code = OUTCOMES.index(outcome)
-        RECORD.pack_into(self.page, at, _float(duration), _float(delay), code, len(name))
+        RECORD.pack_into(self.page, at, _float(duration), _float(delay), code, len(name), token)
         self.page[at + RECORD.size : at + RECORD.size + len(name)] = name
         self.count += 1
         self.page[0:8] = self.count.to_bytes(8, "little")
@@ -161,7 +171,7 @@ class Ledger:
         out: list[Settled] = []
         for n in range(max(consumed, end - CAPACITY), end):
             at = _RING + (n % CAPACITY) * RECORD_SIZE
-            duration, delay, code, length = RECORD.unpack_from(self.page, at)
+            duration, delay, code, length, _ = RECORD.unpack_from(self.page, at)
             name = self.page[at + RECORD.size : at + RECORD.size + length].decode()
             out.append((name, OUTCOMES[code], _maybe(duration), _maybe(delay)))
         if end > consumed:
@@ -169,8 +179,17 @@ class Ledger:
         return out
 
     def lease(self) -> Claimed | None:
-        """The lease the slot held when it died."""
-        return unlean(self._lease.get())
+        """The lease the slot held when it died; None when its last record settled it (a
+        kill between the two writes of `settled`)."""
+        lease = unlean(self._lease.get())
+        if lease is None or self.page.closed:
+            return lease
+        written = _COUNTS.unpack_from(self.page)[0]
+        if written:
+            at = _RING + ((written - 1) % CAPACITY) * RECORD_SIZE
+            if RECORD.unpack_from(self.page, at)[4] == lease.token.bytes:
+                return None
+        return lease
 
     def heard(self, token: uuid.UUID) -> Result | None:
         """The slot's last words about this lease, after it died; None if it said none."""

@@ -1,10 +1,14 @@
 """The closed set of ways one attempt can end, as metrics and logs name them."""
 
+from __future__ import annotations
+
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Any
 
 
 class Outcome(StrEnum):
@@ -24,6 +28,33 @@ ERROR = "error"
 SHUTDOWN = "shutdown"  # raised Cancelled, or still running when the shutdown grace ran out
 KILLED = "killed"  # ended by the watchdog after the deadline and the kill grace
 CRASHED = "crashed"  # the runner died under the handler
+
+
+@dataclass
+class Result:
+    """What a handler call came to, as plain data that crosses a pipe."""
+
+    kind: str
+    error: str | None = None
+    advanced: bool = False
+    past_deadline: bool = False
+    duration: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    # The handler's exception itself, for the in-process test modes to chain; never sent
+    # over the runner's pipe (an exception need not pickle), where `error` says it all.
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "exception": None}
+
+    def fields(self) -> tuple[Any, ...]:
+        """As plain values for the runner's pipe (`Result(*fields)` on the other end): a
+        tuple pickles and loads at a fraction of a dataclass's cost, on every task."""
+        return (self.kind, self.error, self.advanced, self.past_deadline, self.duration, self.extra)
+
+
+def past(deadline: datetime) -> bool:
+    return datetime.now(UTC) >= deadline
 
 
 class MinuteTally:

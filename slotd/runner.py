@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from slotd import aio, proc
 from slotd.errors import Cancelled, DeadlineExceeded
-from slotd.outcome import DONE, ERROR, SHUTDOWN
-from slotd.processor import Result, execute, past
+from slotd.outcome import DONE, ERROR, SHUTDOWN, Result, past
+from slotd.processor import execute
 from slotd.registry import Registry, load_registry
 from slotd.task import Context, Task
 

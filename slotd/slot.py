@@ -27,11 +27,11 @@ from typing import Any, NoReturn
 import psutil
 import psycopg
 
-from slotd import db, logs, proc, runner
+from slotd import db, lifecycle, logs, proc, runner
 from slotd.config import Settings
 from slotd.ledger import CAPACITY, Ledger, lean
-from slotd.outcome import CRASHED, KILLED, SHUTDOWN, Outcome
-from slotd.processor import Result, Settlement, not_started, past, settle
+from slotd.lifecycle import Settlement, not_started
+from slotd.outcome import CRASHED, KILLED, SHUTDOWN, Result, past
 from slotd.registry import Registry
 from slotd.repository import Claimed, Repository
 from slotd.watchdog import Step, Watchdog
@@ -206,19 +206,15 @@ class Slot:
                     self._report("empty")
                     continue
                 self.holding = claimed
-                self.spec.ledger.hold(claimed)  # before the message: a death between is settled
+                lifecycle.claimed(self.spec.ledger, claimed)  # before the message: see there
                 self._report("claimed", claimed, self._runner_pid(), self.spec.ledger.count)
-            settled, claimed = self._handle(claimed)
-            self._settled(settled, claimed)
+            claimed = self._handle(claimed)
+            self._settled()
 
-    def _settled(self, settled: tuple[Any, ...], claimed: Claimed | None) -> None:
-        """Into the ledger: the settlement, and the claim that rode on it. No message per
-        task: the supervisor hears of them at the next bell (see slotd.ledger)."""
+    def _settled(self) -> None:
+        """No message per task: the supervisor hears of the ledger's settlements at the
+        next bell (see slotd.ledger)."""
         ledger = self.spec.ledger
-        self.holding = claimed
-        ledger.hold(claimed)
-        if not ledger.record(settled[1:]):
-            self._report("settled", *settled[1:])
         now = time.monotonic()
         if self.unrung_since is None:
             self.unrung_since = now
@@ -541,7 +537,7 @@ class Slot:
 
     # one task
 
-    def _handle(self, claimed: Claimed) -> tuple[tuple[Any, ...], Claimed | None]:
+    def _handle(self, claimed: Claimed) -> Claimed | None:
         margin = self.settings.lease_margin
         deadline = claimed.deadline(margin)
         started = time.monotonic()
@@ -554,9 +550,11 @@ class Slot:
             result = self._watch(claimed, self.runner, deadline)
             if result.duration is None:
                 result.duration = time.monotonic() - started
-        # Settle before forking the next runner: crash backoff and a slow import could
-        # otherwise outlast the lease, and another worker would take the row first.
+        # Settled (database and ledger) before the next runner is forked: crash backoff and
+        # a slow import could otherwise outlast the lease, and the supervisor would find the
+        # settled lease still in the ledger if this slot died meanwhile.
         settlement = self._settle(claimed, result)
+        self.holding = settlement.next
         if self.runner is None and not self.stopping:
             self._spawn_runner()
         if settlement.claim_tried:
@@ -564,16 +562,7 @@ class Slot:
                 self._consumed(settlement.next)
             else:  # every candidate offered was gone: the rest may not be
                 self.batch = self.batch[self.settings.discovery_batch :]
-        # A handler that never started gives no latency sample, of either kind.
-        delay = max(0.0, (claimed.claimed_at - claimed.run_at).total_seconds())
-        settled = (
-            claimed.id,
-            claimed.task_type,
-            str(settlement.outcome),
-            settlement.duration,
-            delay if result.duration is not None else None,
-        )
-        return settled, settlement.next
+        return settlement.next
 
     def _watch(self, claimed: Claimed, runner_: Runner, deadline: datetime) -> Result:
         dog = Watchdog.for_deadline(
@@ -697,51 +686,30 @@ class Slot:
         """Write a cursor for the runner. Whatever the database says about the data is the
         handler's error (raised in its frame), never this slot's."""
         try:
-            ok = self._with_db(
-                lambda repo: repo.advance_cursor(claimed.id, claimed.token, body), claimed
-            )
+            ok = self._with_db(lambda repo: lifecycle.advance(repo, claimed, body), claimed)
         except Exception as exc:  # noqa: BLE001 - bad data must not take the slot down
             self.log.warning("cursor write failed: %s", db.first_line(exc), extra=_ids(claimed))
             return False, db.first_line(exc)
         return bool(ok), None
 
     def _settle(self, claimed: Claimed, result: Result) -> Settlement:
-        # The outcome is left for the supervisor before the write is attempted: if this
-        # process dies now (OOM kill, a wedged reconnect cut short), the supervisor settles
-        # the lease by what the handler did, fenced on the token, instead of calling it a
-        # crash and running a task that succeeded again. With the supervisor gone (kill -9 of
-        # it) the slot still settles what it holds on its way out.
-        self.spec.ledger.say(claimed.token, result)
-        faults = self.spec.faults
-        if faults is not None:
-            faults.crash_slot_before_settlement()
-        if faults is not None and faults.lose_settlement():
-            return Settlement(Outcome.LOST, False, result.duration)
         # The claim riding on the settlement offers a slot's share of the candidates, not all
         # of them: it takes the first claimable, and its share is where it starts (see
         # _staggered); the rest are tried in one claim of their own if these are all gone.
         window = self.batch[: self.settings.discovery_batch]
-        then = (window, self.claim_registry) if self._may_chain() else None
-        try:
-            settled = self._with_db(
-                lambda repo: settle(
-                    repo,
-                    claimed,
-                    result,
-                    shutting_down=self.stopping,
-                    logger=self.log,
-                    then_claim=then,
-                    cancelled_by=self.cancel_reason,
-                    registry=self.claim_registry,
-                ),
-                claimed,
-            )
-        except Exception as exc:  # noqa: BLE001 - not even the failure could be recorded
-            # settle() records a refused write as the task's failure; this is that record
-            # refused too. The lease then expires as after a crash: the slot serves on.
-            self.log.error("settlement failed: %s", db.first_line(exc), extra=_ids(claimed))
-            settled = None
-        return settled if settled is not None else Settlement(Outcome.LOST, False, result.duration)
+        return lifecycle.conclude(
+            lambda write: self._with_db(write, claimed),
+            self.spec.ledger,
+            claimed,
+            result,
+            report=self._report,
+            faults=self.spec.faults,
+            logger=self.log,
+            shutting_down=self.stopping,
+            then_claim=(window, self.claim_registry) if self._may_chain() else None,
+            cancelled_by=self.cancel_reason,
+            registry=self.claim_registry,
+        )
 
     def _with_db(self, write: Any, claimed: Claimed) -> Any:
         """A write about a claimed task, retried across reconnects while the lease is still

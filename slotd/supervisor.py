@@ -23,15 +23,14 @@ import time
 import uuid
 from typing import Any
 
-from slotd import db, health, proc, sdnotify
+from slotd import db, health, lifecycle, proc, sdnotify
 from slotd.chores import Chores, Done
 from slotd.config import Settings
 from slotd.control_routing import ControlRouting
 from slotd.heartbeat import Heartbeat
 from slotd.ledger import Ledger, Settled
 from slotd.listener import Listener
-from slotd.outcome import CRASHED, SHUTDOWN
-from slotd.processor import Result, settle
+from slotd.outcome import Result
 from slotd.registry import Registry
 from slotd.repository import Claimed
 from slotd.slot import SlotSpec
@@ -265,33 +264,15 @@ class Supervisor:
         self.tokens.slot_gone(handle.number)
         self.pool.bury(handle, status)
 
-    def _settle_orphan(self, lease: Claimed, outcome: Result | None) -> None:
-        """A slot died holding a lease it had reported: settle it now, fenced, rather than
-        leaving the row to wait out ceiling + margin (on the chores thread: the database
-        may be the reason the slot died). By the attempt's outcome when the slot reported one
-        before dying (a success is dequeued, never run again); a crash only when the slot died
-        with the handler's outcome unknown. The token fence makes this safe when the slot's
-        own settlement did land: ours then matches nothing (`lost`)."""
+    def _settle_orphan(self, lease: Claimed, words: Result | None) -> None:
+        """A slot died holding a lease: settled at once by the lifecycle, on the chores
+        thread (see lifecycle.handed_over)."""
         assert self.chores is not None
         chores, stopping, registry = self.chores, self.stopping, self.registry
-        kind = SHUTDOWN if stopping else CRASHED
-        result = outcome if outcome is not None else Result(kind, "its slot died")
 
         def job() -> tuple[Claimed, str, float | None]:
-            repo = chores.repo()
-            # A slot killed while it stopped a cancelled task: settle it as the cancel.
-            cancelled = repo.cancel_reason(lease.id, lease.token)
-            # With the registry: a failure backs off by its type's own backoff, as the
-            # slot's own settlement would have (the worker's default only for types
-            # without one).
-            settled = settle(
-                repo,
-                lease,
-                result,
-                shutting_down=stopping,
-                logger=log,
-                cancelled_by=cancelled,
-                registry=registry,
+            settled, result = lifecycle.handed_over(
+                chores.repo(), lease, words, stopping=stopping, registry=registry, logger=log
             )
             return lease, str(settled.outcome), result.duration
 

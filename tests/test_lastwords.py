@@ -7,8 +7,7 @@ import os
 import uuid
 
 from slotd.ledger import WORDS_AT, WORDS_MAX, Ledger
-from slotd.outcome import CRASHED
-from slotd.processor import Result
+from slotd.outcome import CRASHED, Result
 
 
 def test_words_cross_a_fork_and_are_heard_for_their_own_lease_only() -> None:

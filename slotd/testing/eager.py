@@ -8,8 +8,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from slotd.config import Settings
+from slotd.lifecycle import Settlement
 from slotd.outcome import Outcome
-from slotd.processor import Settlement, process
+from slotd.processor import process
 from slotd.registry import Registry
 from slotd.repository import Executor, Repository
 from slotd.task import Task

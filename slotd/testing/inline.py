@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 
 from slotd import repository
-from slotd.processor import Settlement
+from slotd.lifecycle import Settlement
 from slotd.repository import Claimed, Executor
 from slotd.task import Task
 

@@ -16,8 +16,9 @@ import psycopg
 from slotd import outcome as kinds
 from slotd import repository
 from slotd.config import Settings
-from slotd.outcome import Outcome
-from slotd.processor import Result, Settlement, execute, process
+from slotd.lifecycle import Settlement
+from slotd.outcome import Outcome, Result
+from slotd.processor import execute, process
 from slotd.registry import Registry
 from slotd.repository import Claimed, Executor, Repository
 from slotd.task import Context, Task

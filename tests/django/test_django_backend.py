@@ -23,8 +23,12 @@ from django.utils import timezone  # noqa: E402
 from slotd import outcome as kinds  # noqa: E402
 from slotd.contrib.django import results  # noqa: E402
 from slotd.contrib.django.backend import SlotdBackend  # noqa: E402
-from slotd.outcome import Outcome  # noqa: E402
-from slotd.processor import Result, Settlement, process, settle  # noqa: E402
+from slotd.lifecycle import Settlement, settle  # noqa: E402
+from slotd.outcome import (
+    Outcome,  # noqa: E402
+    Result,  # noqa: E402
+)
+from slotd.processor import process  # noqa: E402
 from slotd.registry import Registry  # noqa: E402
 from slotd.repository import Claimed, Repository  # noqa: E402
 

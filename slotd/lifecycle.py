@@ -1,0 +1,366 @@
+"""The lease lifecycle: every transition of an attempt, and the only module that settles one.
+
+The rule book. A task's row is owned, between its claim and its settlement, by whoever holds
+its lease token; every write below is fenced on that token, so a worker that lost its lease
+(it lapsed, an operator's cancel was settled, another worker took the row over) writes
+nothing, and is told so (`lost`).
+
+- claimed: the claim statement stamps a random token (drawn by the server), burns an attempt
+  and sets lease_expires_at = now() + ceiling + margin (repository, sql `claim`). The slot
+  puts the lease in its ledger before it tells anyone, so a death from then on is settled by
+  the supervisor (`handed_over`), never left to wait out the lease.
+- advanced: a sliced handler's cursor (sql `advance_cursor`) rewrites the payload and resets
+  the attempt count, fenced on the token.
+- settled, by what the handler did (`settle`):
+  done       the row is deleted (sql `dequeue`), optionally claiming the next task in the
+             same statement (`dequeue_claim`);
+  failure    backoff from the attempt the claim burnt, the error kept (`record_failure`);
+             a dead letter when that was the last attempt;
+  timeout    the same write, for a handler past its deadline or killed by the watchdog;
+  crashed    the same write, for a runner that died under the handler;
+  continued  a slice that returned False: released after an advance, backed off like a
+             failure when it saved nothing (it would repeat itself at once);
+  cancelled  an operator's cancel: the lease goes, the row stays the dead letter the cancel
+             made it (`settle_cancelled`); or a shutdown: the lease is released (`release`);
+  lost       any fenced write that matched nothing: nothing is written.
+- released: at shutdown the lease is given back at once (sql `release`), due for another
+  replica; the attempt is not refunded (see the release statement).
+- handed over: a slot that dies holding a lease leaves it, with its last words (the
+  attempt's outcome if the handler had ended), in its ledger; the supervisor settles it by
+  those words, through the same `settle`, on its chores thread (`handed_over`).
+
+Order, for the slot: the last words go into the ledger before the database is written (a
+death mid-write is settled by what the handler did, never as a crash that would run a
+success again); the database; then the ledger (the settlement counted, the lease dropped or
+replaced by the claim that rode on the settlement) and the log line. A refused write
+(LeaseLost) is always `lost`; a write the database refuses for the data's sake is recorded
+as the attempt's failure with the reason (`_unsettled`); a lost connection is the caller's
+to retry while the lease lasts."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import psycopg
+
+from slotd import db
+from slotd import outcome as kinds
+from slotd.errors import LeaseLost
+from slotd.ledger import Ledger
+from slotd.outcome import Outcome, Result
+from slotd.registry import Registry
+from slotd.repository import Claimed, Repository
+
+log = logging.getLogger("slotd.lifecycle")
+
+T = TypeVar("T")
+# How a caller writes: runs the statement against its repository, retrying across reconnects
+# while the lease lasts (the slot's lanes), or at once (the test modes, the chores thread).
+Writer = Callable[[Callable[[Repository], T]], T | None]
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+
+
+@dataclass(frozen=True)
+class Settlement:
+    outcome: Outcome
+    dead: bool = False
+    duration: float | None = None
+    next: Claimed | None = None  # claimed by the same statement as the settlement
+    claim_tried: bool = False
+    error: str | None = None  # what the attempt's failure said (the traceback), if it failed
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
+
+
+def claimed(ledger: Ledger, lease: Claimed) -> None:
+    """A claim the slot made: into its ledger before anyone is told of it, so that from
+    here on a death of the slot is settled by the supervisor (see `handed_over`)."""
+    ledger.hold(lease)
+
+
+def advance(repo: Repository, claimed: Claimed, payload: Mapping[str, Any] | str) -> bool:
+    """A sliced handler's cursor, fenced on the lease: False when the lease is not ours."""
+    return repo.advance_cursor(claimed.id, claimed.token, payload)
+
+
+def settle(
+    repo: Repository,
+    claimed: Claimed,
+    result: Result,
+    *,
+    shutting_down: bool = False,
+    logger: Logger = log,
+    then_claim: tuple[Sequence[int], Registry] | None = None,
+    cancelled_by: str | None = None,
+    registry: Registry | None = None,
+) -> Settlement:
+    """Write the consequence of `result`, fenced on the token. A refused write means this
+    worker no longer owns the row, so nothing is written and the outcome is `lost`.
+
+    `then_claim` (candidate ids, registry): on success, claim the next task in the same
+    statement as the dequeue; the claim comes back as `Settlement.next`. `registry`: where
+    the type's own backoff is found (else the worker's).
+
+    `cancelled_by`: an operator cancelled this attempt (the cancel's reason). However the
+    handler ended, the row stays the dead letter the cancel made it: outcome `cancelled`,
+    never retried. Only a handler that finished its work anyway is settled as a success."""
+    task_id, token = claimed.id, claimed.token
+    backoff = _backoff(repo, registry, claimed.task_type)
+    try:
+        if cancelled_by is not None and result.kind != kinds.DONE:
+            if not repo.settle_cancelled(task_id, token):
+                raise LeaseLost(f"task {task_id}: cancel settlement refused")
+            logger.info(
+                "task %s#%s attempt %s: cancelled (%s); not retried",
+                claimed.task_type,
+                claimed.id,
+                claimed.attempt,
+                cancelled_by,
+                extra={**_fields(claimed), "outcome": str(Outcome.CANCELLED)},
+            )
+            return Settlement(Outcome.CANCELLED, True, result.duration)
+        if result.kind == kinds.DONE and then_claim and then_claim[0]:
+            try:
+                nxt = repo.dequeue_and_claim(task_id, token, *then_claim)
+            except LeaseLost as exc:
+                lost = _done(Outcome.LOST, claimed, result, logger)
+                return replace(lost, next=exc.next_claim, claim_tried=True)  # type: ignore[arg-type]
+            return replace(
+                _done(Outcome.SUCCESS, claimed, result, logger), next=nxt, claim_tried=True
+            )
+        if result.kind == kinds.DONE:
+            repo.dequeue(task_id, token)
+            return _done(Outcome.SUCCESS, claimed, result, logger)
+        if result.kind in (kinds.CONTINUE, kinds.SHUTDOWN) or (
+            shutting_down and result.kind == kinds.ERROR
+        ):
+            return _release(repo, claimed, result, shutting_down, logger, backoff)
+        if result.kind == kinds.KILLED or (result.kind == kinds.ERROR and result.past_deadline):
+            text = _error_text(result, "deadline exceeded")
+            failure = repo.record_failure(task_id, token, text, **backoff)
+            return _done(Outcome.TIMEOUT, claimed, result, logger, failure.dead)
+        if result.kind == kinds.CRASHED:
+            text = _error_text(result, "runner crashed")
+            failure = repo.record_failure(task_id, token, text, **backoff)
+            return _done(Outcome.CRASHED, claimed, result, logger, failure.dead)
+        text = _error_text(result, "handler failed")
+        failure = repo.record_failure(task_id, token, text, **backoff)
+        return _done(Outcome.FAILURE, claimed, result, logger, failure.dead)
+    except LeaseLost:
+        return _done(Outcome.LOST, claimed, result, logger)
+    except psycopg.OperationalError:
+        raise  # the connection, not the data: the slot reconnects and tries again
+    except Exception as exc:  # noqa: BLE001 - whatever the database refused is the task's
+        return _unsettled(repo, claimed, result, exc, logger, backoff)
+
+
+def _unsettled(
+    repo: Repository,
+    claimed: Claimed,
+    result: Result,
+    exc: Exception,
+    logger: Logger,
+    backoff: dict[str, timedelta | None],
+) -> Settlement:
+    """The settlement's own write failed (data the database refused, a trigger): record
+    that as this attempt's failure, with the reason, rather than let it end the slot."""
+    text = f"slotd could not settle this attempt ({result.kind}): {type(exc).__name__}: {exc}"
+    if result.error:
+        text += f"\nthe attempt's own error:\n{result.error}"
+    try:
+        failure = repo.record_failure(claimed.id, claimed.token, text, **backoff)
+    except LeaseLost:
+        return _done(Outcome.LOST, claimed, result, logger)
+    return _done(Outcome.FAILURE, claimed, replace(result, error=text), logger, failure.dead)
+
+
+def _backoff(
+    repo: Repository, registry: Registry | None, task_type: str
+) -> dict[str, timedelta | None]:
+    """The type's own backoff where its handler sets one. A base above the worker's cap
+    lifts the cap to it: the handler asked for at least that long."""
+    handler = registry.get(task_type) if registry is not None else None
+    if handler is None:
+        return {}
+    base, cap = handler.backoff_base, handler.backoff_cap
+    if base is not None and cap is None and base > repo.backoff_cap:
+        cap = base
+    return {"backoff_base": base, "backoff_cap": cap}
+
+
+def _release(
+    repo: Repository,
+    claimed: Claimed,
+    result: Result,
+    shutting_down: bool,
+    logger: Logger,
+    backoff: dict[str, timedelta | None],
+) -> Settlement:
+    interrupted = shutting_down or result.kind == kinds.SHUTDOWN
+    if not interrupted:
+        return _continued(repo, claimed, result, logger, backoff)
+    matched = repo.release(claimed.id, claimed.token, "released at shutdown on its final attempt")
+    outcome = Outcome.CONTINUED if result.advanced else Outcome.CANCELLED
+    return _done(outcome, claimed, result, logger, matched and claimed.final_attempt)
+
+
+NOT_ADVANCED = "continued without advancing: returned False without ctx.advance_cursor"
+
+
+def _continued(
+    repo: Repository,
+    claimed: Claimed,
+    result: Result,
+    logger: Logger,
+    backoff: dict[str, timedelta | None],
+) -> Settlement:
+    """A continue. After a successful advance_cursor the row is already unleased and due,
+    so a fenced write matching it means the slice saved nothing: its next attempt would
+    repeat this one at once, so it is backed off like a failure (attempt kept) instead of
+    spinning through its attempts in milliseconds."""
+    if result.past_deadline:
+        logger.warning("slice continued at its deadline", extra=_fields(claimed))
+    outcome = Outcome.TIMEOUT if result.past_deadline else Outcome.CONTINUED
+    try:
+        failure = repo.record_failure(claimed.id, claimed.token, NOT_ADVANCED, **backoff)
+    except LeaseLost:
+        # Nothing to back off: advanced (the cursor freed the row), or the lease was lost.
+        return _done(outcome if result.advanced else Outcome.LOST, claimed, result, logger)
+    logger.warning(
+        "slice advanced nothing; backed off like a failure%s",
+        " and it has reached max attempts" if failure.dead else "",
+        extra=_fields(claimed),
+    )
+    return _done(outcome, claimed, result, logger, failure.dead)
+
+
+def _error_text(result: Result, default: str) -> str:
+    return result.error or default
+
+
+def _fields(claimed: Claimed) -> dict[str, Any]:
+    return {"task_id": claimed.id, "task_type": claimed.task_type, "attempt": claimed.attempt}
+
+
+def _done(
+    outcome: Outcome,
+    claimed: Claimed,
+    result: Result,
+    logger: Logger,
+    dead: bool = False,
+) -> Settlement:
+    fields = {**_fields(claimed), "outcome": str(outcome), "duration": result.duration}
+    level = logging.INFO
+    if outcome in (Outcome.FAILURE, Outcome.TIMEOUT, Outcome.CRASHED, Outcome.LOST):
+        level = logging.WARNING
+        if result.error:
+            fields["error"] = result.error.splitlines()[-1][:500]
+    if dead:
+        fields["dead_letter"] = True
+        level = logging.ERROR
+    duration = f" in {result.duration * 1000:.1f}ms" if result.duration is not None else ""
+    logger.log(
+        level,
+        "task %s#%s attempt %s: %s%s%s",
+        claimed.task_type,
+        claimed.id,
+        claimed.attempt,
+        outcome,
+        duration,
+        " (dead letter)" if dead else "",
+        extra=fields,
+    )
+    failed = outcome is not Outcome.SUCCESS
+    return Settlement(
+        outcome,
+        dead,
+        result.duration,
+        error=result.error if failed else None,
+        exception=result.exception if failed else None,
+    )
+
+
+def not_started(claimed: Claimed) -> Result:
+    """The claim itself outlasted the ceiling: starting the handler would run it beyond its
+    lease from the first instant, so it is not started, and counts as a timeout."""
+    reason = "claim returned after the handler's deadline; not started"
+    return Result(kinds.KILLED, reason, advanced=False, past_deadline=True)
+
+
+def conclude(
+    write: Writer[Settlement],
+    ledger: Ledger,
+    claimed: Claimed,
+    result: Result,
+    *,
+    report: Callable[..., None],
+    faults: Any = None,
+    logger: Logger = log,
+    **how: Any,
+) -> Settlement:
+    """A slot's settlement of the lease it holds, in the rule book's order: last words, the
+    database (through `write`, which retries across reconnects while the lease lasts), then
+    the ledger in one step (the settlement counted, the lease dropped or replaced by the
+    claim that rode on it). `how`: settle()'s keywords. Before the slot forks a new runner:
+    crash backoff and a slow import must not find the settled lease still in the ledger."""
+    ledger.say(claimed.token, result)
+    settlement: Settlement | None = None
+    if faults is not None:
+        faults.crash_slot_before_settlement()
+    if faults is not None and faults.lose_settlement():
+        settlement = Settlement(Outcome.LOST, False, result.duration)
+    else:
+        try:
+            settlement = write(lambda repo: settle(repo, claimed, result, logger=logger, **how))
+        except Exception as exc:  # noqa: BLE001 - not even the failure could be recorded
+            # settle() records a refused write as the task's failure; this is that record
+            # refused too. The lease then expires as after a crash: the slot serves on.
+            logger.error("settlement failed: %s", db.first_line(exc), extra=_fields(claimed))
+    if settlement is None:
+        settlement = Settlement(Outcome.LOST, False, result.duration)
+    # A handler that never started gives no latency sample, of either kind.
+    delay = max(0.0, (claimed.claimed_at - claimed.run_at).total_seconds())
+    settled = (
+        claimed.task_type,
+        str(settlement.outcome),
+        settlement.duration,
+        delay if result.duration is not None else None,
+    )
+    if not ledger.settled(settled, claimed.token, settlement.next):
+        report("settled", *settled, claimed.token.bytes)
+    return settlement
+
+
+def handed_over(
+    repo: Repository,
+    lease: Claimed,
+    words: Result | None,
+    *,
+    stopping: bool,
+    registry: Registry,
+    logger: Logger = log,
+) -> tuple[Settlement, Result]:
+    """The lease of a slot that died, settled by the supervisor (on its chores thread: the
+    database may be why the slot died) at once rather than left to wait out ceiling +
+    margin. By the slot's last words when it left any (a success is dequeued, never run
+    again); a crash only when it died with the handler's outcome unknown. The fence makes
+    this safe when the slot's own settlement did land: this one then matches nothing."""
+    kind = kinds.SHUTDOWN if stopping else kinds.CRASHED
+    result = words if words is not None else Result(kind, "its slot died")
+    # A slot killed while it stopped a cancelled task: settle it as the cancel.
+    cancelled = repo.cancel_reason(lease.id, lease.token)
+    # With the registry: a failure backs off by its type's own backoff, as the slot's own
+    # settlement would have.
+    settlement = settle(
+        repo,
+        lease,
+        result,
+        shutting_down=stopping,
+        logger=logger,
+        cancelled_by=cancelled,
+        registry=registry,
+    )
+    return settlement, result
