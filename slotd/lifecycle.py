@@ -10,7 +10,13 @@ nothing, and is told so (`lost`).
   puts the lease in its ledger before it tells anyone, so a death from then on is settled by
   the supervisor (`handed_over`), never left to wait out the lease.
 - advanced: a sliced handler's cursor (sql `advance_cursor`) rewrites the payload and resets
-  the attempt count, fenced on the token.
+  the attempt count, fenced on the token, and KEEPS the lease. The seed unleased the row at
+  the advance, because its worker could die unseen between the advance and the return; a
+  slotd slot's death is settled by its supervisor at once, so that reason is gone, and
+  keeping the lease means the handler's return settles its own slice: done dequeues it (a
+  release at the advance made that `lost`, and the task ran again for ever), raising backs
+  it off from the saved cursor (a release made that a retry storm with no error kept), and
+  no other slot can start the next slice while this one still runs its remaining code.
 - settled, by what the handler did (`settle`):
   done       the row is deleted (sql `dequeue`), optionally claiming the next task in the
              same statement (`dequeue_claim`);
@@ -18,8 +24,9 @@ nothing, and is told so (`lost`).
              a dead letter when that was the last attempt;
   timeout    the same write, for a handler past its deadline or killed by the watchdog;
   crashed    the same write, for a runner that died under the handler;
-  continued  a slice that returned False: released after an advance, backed off like a
-             failure when it saved nothing (it would repeat itself at once);
+  continued  a slice that returned False: released and due at once after an advance
+             (`continue_slice`), backed off like a failure when it saved nothing (it would
+             repeat itself at once);
   cancelled  an operator's cancel: the lease goes, the row stays the dead letter the cancel
              made it (`settle_cancelled`); or a shutdown: the lease is released (`release`);
   lost       any fenced write that matched nothing: nothing is written.
@@ -217,18 +224,18 @@ def _continued(
     logger: Logger,
     backoff: dict[str, timedelta | None],
 ) -> Settlement:
-    """A continue. After a successful advance_cursor the row is already unleased and due,
-    so a fenced write matching it means the slice saved nothing: its next attempt would
-    repeat this one at once, so it is backed off like a failure (attempt kept) instead of
-    spinning through its attempts in milliseconds."""
+    """A continue. After an advance the lease is given back and the row is due at once,
+    from its cursor. A continue that saved nothing would repeat this attempt at once, so it
+    is backed off like a failure (attempt kept) instead of spinning through its attempts
+    in milliseconds."""
     if result.past_deadline:
         logger.warning("slice continued at its deadline", extra=_fields(claimed))
     outcome = Outcome.TIMEOUT if result.past_deadline else Outcome.CONTINUED
-    try:
-        failure = repo.record_failure(claimed.id, claimed.token, NOT_ADVANCED, **backoff)
-    except LeaseLost:
-        # Nothing to back off: advanced (the cursor freed the row), or the lease was lost.
-        return _done(outcome if result.advanced else Outcome.LOST, claimed, result, logger)
+    if result.advanced:
+        if not repo.continue_slice(claimed.id, claimed.token):
+            raise LeaseLost(f"task {claimed.id}: continue refused, the lease is not ours")
+        return _done(outcome, claimed, result, logger)
+    failure = repo.record_failure(claimed.id, claimed.token, NOT_ADVANCED, **backoff)
     logger.warning(
         "slice advanced nothing; backed off like a failure%s",
         " and it has reached max attempts" if failure.dead else "",

@@ -297,18 +297,31 @@ WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
 RETURNING t.attempt_count, t.max_attempts, t.run_at
 
 -- name: advance_cursor
--- Progress and the lease's end in one statement: the row is due, unleased and carries
--- the cursor atomically, and attempts count only slices that got nowhere. Refused once the
--- task is cancelled: resetting its attempts would bring it back to life.
+-- A slice's progress, under the lease it runs under: the payload becomes the cursor and the
+-- attempt count restarts (attempts count only slices that got nowhere), and the lease stays
+-- the slice's until it returns (see slotd/lifecycle.py: the row is released when the
+-- handler returns False, dequeued when it returns done, backed off from this cursor when it
+-- raises). Refused once the task is cancelled: resetting its attempts would bring it back.
 UPDATE slotd_tasks t
 SET payload = %(payload)s,
-    run_at = now(),
-    order_at = now() - {head_start},
     attempt_count = 0,
-    last_error = NULL,
-    lease_token = NULL,
-    lease_expires_at = NULL
+    last_error = NULL
 WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid AND t.cancelled_at IS NULL
+
+-- name: continue_slice
+-- The end of a slice that advanced and returned False: the lease goes and the row is due at
+-- once, from its cursor, waking a slot (here or on another replica) in the same transaction.
+WITH continued AS (
+    UPDATE slotd_tasks t
+    SET run_at = now(),
+        order_at = now() - {head_start},
+        lease_token = NULL,
+        lease_expires_at = NULL
+    WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
+    RETURNING t.id, t.attempt_count < t.max_attempts AS retryable
+)
+SELECT c.id FROM continued c
+LEFT JOIN LATERAL (SELECT pg_notify('slotd_wake', '')) n ON c.retryable
 
 -- name: release
 -- A rollout does not refund the attempt; on the final one the resulting dead letter

@@ -230,7 +230,7 @@ def test_final_attempt_under_live_lease_is_pending_not_dead(
     assert repo.prune_dead(timedelta(days=7)) == 0
 
 
-def test_advance_cursor_resets_attempts_and_frees_the_row_atomically(
+def test_advance_cursor_resets_attempts_under_the_same_lease_until_the_slice_returns(
     conn: psycopg.Connection[Any], repo: Repository
 ) -> None:
     reg = registry_of("sliced")
@@ -250,11 +250,20 @@ def test_advance_cursor_resets_attempts_and_frees_the_row_atomically(
     after = row(conn, task_id)
     assert after["payload"] == {"cursor": 100}
     assert after["attempt_count"] == 0
-    assert after["lease_token"] is None and after["lease_expires_at"] is None
     assert after["last_error"] is None
+    # The slice keeps its lease: nobody else may start the next slice while it runs on.
+    assert after["lease_token"] == claimed.token
+    assert repo.discover(reg.types) == []
+    assert repo.advance_cursor(task_id, claimed.token, {"cursor": 200}) is True
+    # Its return of False gives the row back, due at once from the cursor.
+    assert repo.continue_slice(task_id, claimed.token) is True
+    after = row(conn, task_id)
+    assert after["lease_token"] is None and after["lease_expires_at"] is None
+    assert after["payload"] == {"cursor": 200}
     assert repo.discover(reg.types) == [task_id]
-    # The slice that advanced no longer owns the row: a second advance is refused.
-    assert repo.advance_cursor(task_id, claimed.token, {"cursor": 200}) is False
+    # Fenced: the slice that continued no longer owns the row.
+    assert repo.advance_cursor(task_id, claimed.token, {"cursor": 300}) is False
+    assert repo.continue_slice(task_id, claimed.token) is False
 
 
 def test_release_stamps_last_error_only_on_the_final_attempt(

@@ -227,6 +227,11 @@ class QueueProtocol(Lanes):
         count, _ = self._write("advance_cursor", {"id": task_id, "token": token, "payload": body})
         return count == 1
 
+    def continue_slice(self, task_id: int, token: uuid.UUID) -> bool:
+        """Release an advanced slice's row, due at once; False when the lease is not ours."""
+        _, rows = self._write("continue_slice", {"id": task_id, "token": token})
+        return len(rows) == 1
+
     def release(self, task_id: int, token: uuid.UUID, reason: str) -> bool:
         params = {"id": task_id, "token": token, "reason": storable(reason)}
         _, rows = self._write("release", params)
