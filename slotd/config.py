@@ -130,10 +130,20 @@ class Faults:
     crash: float = 0.0
     lost_settlement: float = 0.0
     slot_crash: float = 0.0
+    slot_crash_settled: float = 0.0
 
     @property
     def any(self) -> bool:
-        return any((self.error, self.latency, self.crash, self.lost_settlement, self.slot_crash))
+        return any(
+            (
+                self.error,
+                self.latency,
+                self.crash,
+                self.lost_settlement,
+                self.slot_crash,
+                self.slot_crash_settled,
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -205,6 +215,7 @@ class Settings:
                 crash=_float("SLOTD_FAULT_CRASH", 0.0),
                 lost_settlement=_float("SLOTD_FAULT_LOST_SETTLEMENT", 0.0),
                 slot_crash=_float("SLOTD_FAULT_SLOT_CRASH", 0.0),
+                slot_crash_settled=_float("SLOTD_FAULT_SLOT_CRASH_SETTLED", 0.0),
             ),
             allow_faults=_env("SLOTD_ALLOW_FAULTS") == "1",
         )

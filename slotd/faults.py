@@ -21,6 +21,9 @@ Where each kind acts, so that it exercises the recovery path it is meant to:
   attempt's outcome (its last words) and before it writes the settlement; the supervisor
   settles the lease by that outcome (a success is dequeued, not run again) and counts the
   settlements the slot made before it, all from the slot's ledger (slotd.ledger).
+- ``slot_crash_settled``: the slot exits with status 70 after its settlement is written and
+  counted in its ledger, before the lease leaves the ledger: the supervisor must neither
+  settle that lease again nor miss the count (slotd.ledger.Ledger.settled).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from slotd.errors import ConfigError, SlotdError
 
 log = logging.getLogger("slotd.faults")
 
-KINDS = ("error", "latency", "crash", "lost_settlement", "slot_crash")
+KINDS = ("error", "latency", "crash", "lost_settlement", "slot_crash", "slot_crash_settled")
 CRASH_STATUS = 70  # EX_SOFTWARE: distinguishable from a signal or an OOM kill in the slot log
 
 
@@ -139,6 +142,14 @@ class Injector:
         exit the slot process, the window in which only the supervisor knows the outcome."""
         if self._draw(self.faults.slot_crash):
             self._crash("slot_crash", f"slot exits with status {CRASH_STATUS} before settling")
+
+    def crash_slot_after_settlement(self) -> None:
+        """Called in the slot between the settlement's record in its ledger and the lease's
+        removal from it: may exit the slot process in that window."""
+        if self._draw(self.faults.slot_crash_settled):
+            self._crash(
+                "slot_crash_settled", f"slot exits with status {CRASH_STATUS} after settling"
+            )
 
     def lose_settlement(self) -> bool:
         """Called in the slot before it writes an outcome: True means skip the write and

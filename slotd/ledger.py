@@ -31,6 +31,7 @@ import mmap
 import pickle
 import struct
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -114,13 +115,21 @@ class Ledger:
 
     # the slot's side
 
-    def settled(self, settled: Settled, token: uuid.UUID, then: Claimed | None) -> bool:
+    def settled(
+        self,
+        settled: Settled,
+        token: uuid.UUID,
+        then: Claimed | None,
+        between: Callable[[], None] | None = None,
+    ) -> bool:
         """A settlement of the lease under `token`, and the lease held after it (the claim
         that rode on it, or none): one step. The record goes first and names the token it
         settled, so a slot killed between the two writes leaves a lease that `lease()`
         knows was settled: it is neither settled again (a second count) nor lost. False
         when the record must go as a message instead."""
         written = self.record(settled, token.bytes)
+        if between is not None:
+            between()  # a chaos run's kill point
         self.hold(then)
         return written
 

@@ -336,7 +336,8 @@ def conclude(
         settlement.duration,
         delay if result.duration is not None else None,
     )
-    if not ledger.settled(settled, claimed.token, settlement.next):
+    between = faults.crash_slot_after_settlement if faults is not None else None
+    if not ledger.settled(settled, claimed.token, settlement.next, between):
         report("settled", *settled, claimed.token.bytes)
     return settlement
 

@@ -10,6 +10,7 @@ import urllib.request
 from typing import Any
 
 import psycopg
+import pytest
 
 import slotd
 from tests.daemon import ROOT, Daemon, wait_for
@@ -82,19 +83,23 @@ def test_chaos_run_loses_nothing_and_counts_every_fault(
         daemon.close()
 
 
-def test_a_slot_dying_after_success_settles_by_the_reported_outcome(
-    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+@pytest.mark.parametrize("kill_point", ["SLOT_CRASH", "SLOT_CRASH_SETTLED"])
+def test_a_slot_dying_around_its_settlement_counts_each_task_once(
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon], kill_point: str
 ) -> None:
-    """The slot exits between leaving the outcome and writing it: the supervisor dequeues
-    the succeeded task (fenced) instead of settling it as crashed and running it again. And
-    it counts every success once: the dead slot's own settlements that it had not rung the
-    supervisor about yet are read from its ledger, the orphan's from the supervisor's own."""
+    """SLOT_CRASH: the slot exits between leaving the outcome and writing it: the supervisor
+    dequeues the succeeded task (fenced) instead of settling it as crashed and running it
+    again. SLOT_CRASH_SETTLED: it exits after the settlement is written and counted in its
+    ledger, before the lease leaves the ledger: the supervisor does not settle it again
+    (which would count it `lost`). Either way every success is counted once: the dead
+    slot's own settlements that it had not rung the supervisor about yet are read from its
+    ledger, the orphan's from the supervisor's own."""
     daemon = Daemon(
         db_url,
         slots=2,
         env={
             "SLOTD_ALLOW_FAULTS": "1",
-            "SLOTD_FAULT_SLOT_CRASH": "0.25",
+            f"SLOTD_FAULT_{kill_point}": "0.25",
             "SLOTD_METRICS_ADDR": "127.0.0.1:0",
         },
     )
@@ -116,7 +121,7 @@ def test_a_slot_dying_after_success_settles_by_the_reported_outcome(
         timeout=120,
         what="every task settled despite its slot dying",
     )
-    daemon.wait_line(r"injected fault: slot_crash")
+    daemon.wait_line(rf"injected fault: {kill_point.lower()} ")
     runs = dict(
         qconn.execute(
             "SELECT task_id, count(*) FROM executions WHERE phase = 'start' GROUP BY task_id"
