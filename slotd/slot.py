@@ -275,7 +275,12 @@ class Slot:
             self.claim_registry.concurrency_limits,
             on_primary=on_primary,
         )
-        self.batch = self._staggered(found)
+        # In the discovery's order, whichever slot: slots that discovered the same rows all
+        # start at the head, and the claim's SKIP LOCKED (and its recheck of a row leased
+        # meanwhile) gives each the first row nobody else holds, so nothing starts before an
+        # older-keyed claimable task. A rotation per slot spread the contention, and started
+        # lower-priority rows before the head of the queue.
+        self.batch = found
         return self.batch
 
     def _claim_batch(self) -> Claimed | None:
@@ -286,12 +291,6 @@ class Slot:
         else:
             self._consumed(claimed)
         return claimed
-
-    def _staggered(self, found: list[int]) -> list[int]:
-        """The oldest-first candidates, rotated so that slot k of n starts k/n of the way in:
-        slots that discovered the same rows claim different ones first."""
-        start = self.spec.number * len(found) // self.settings.slots
-        return found[start:] + found[:start]
 
     def _consumed(self, claimed: Claimed) -> None:
         # The claim takes the oldest claimable candidate, so every candidate before it was
@@ -693,9 +692,9 @@ class Slot:
         return bool(ok), None
 
     def _settle(self, claimed: Claimed, result: Result) -> Settlement:
-        # The claim riding on the settlement offers a slot's share of the candidates, not all
-        # of them: it takes the first claimable, and its share is where it starts (see
-        # _staggered); the rest are tried in one claim of their own if these are all gone.
+        # The claim riding on the settlement offers the head of the candidates, not all of
+        # them: it takes the first claimable; the rest are tried in a claim of their own if
+        # these are all gone.
         window = self.batch[: self.settings.discovery_batch]
         return lifecycle.conclude(
             lambda write: self._with_db(write, claimed),

@@ -212,8 +212,9 @@ LIMIT %(limit)s
 -- rows (tests/test_repository.py pins the plan). The lock stays beside the predicates on t,
 -- so a row leased meanwhile is rechecked (EvalPlanQual) and skipped. No ORDER BY: a sort
 -- would lock every claimable candidate before the LIMIT; the nested loop over the unnested
--- array stops at its first claimable row, in the caller's order (oldest first, rotated per
--- slot), so slots that discovered the same rows start at different places.
+-- array stops at its first claimable row, in the caller's order (the discovery's: ordering
+-- key, then id), so slots that discovered the same rows each take the first one nobody else
+-- holds: SKIP LOCKED passes a row another claim is taking, the recheck one it has taken.
 picked AS MATERIALIZED (
     SELECT l.id FROM unnest(%(ids)s::bigint[]) AS c(id)
     CROSS JOIN LATERAL (

@@ -1,5 +1,6 @@
-"""Sliced handlers through a real `slotd run`: an advance keeps the lease until the handler
-returns, so its return settles the slice (slotd/lifecycle.py, "advanced")."""
+"""The lease lifecycle through a real `slotd run` (slotd/lifecycle.py's rule book): an
+advance keeps the lease until the handler returns, so its return settles the slice; claims
+take the queue in its order whichever slot makes them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import psycopg
 import slotd
 from tests.daemon import Daemon, wait_for
 
-APP = "tests.apps.slices:registry"
+APP = "tests.apps.lifecycle:registry"
 
 
 def start(daemons: list[Daemon], db_url: str, **kw: Any) -> Daemon:
@@ -76,3 +77,34 @@ def test_work_after_an_advance_never_overlaps_the_next_slice(
     assert sorted(starts) == ["0", "1", "2"]
     for n in (1, 2):
         assert starts[str(n)] >= ends[str(n - 1)], spans  # slice n began after n-1 ended
+
+
+def test_slots_claim_in_key_order_without_rotating_where_each_looks(
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+) -> None:
+    # Ranked by priority (a point is a second of head start), enqueued in reverse, so the
+    # key order is not the id order. Enqueued before the replica starts: every slot's first
+    # discovery sees all of them.
+    n = 40
+    rows = [("lifecycle.ordered", {"rank": rank}, rank) for rank in range(n)]
+    ids = {}
+    for task_type, payload, rank in reversed(rows):
+        ids[rank] = slotd.enqueue(qconn, task_type, payload, priority=n - rank)
+    start(daemons, db_url, slots=4)
+    wait_for(
+        lambda: qconn.execute("SELECT count(*) FROM slotd_tasks").fetchone() == (0,),
+        timeout=60,
+        what="the ranked tasks to drain",
+    )
+    started = [
+        int(r[0])
+        for r in qconn.execute(
+            "SELECT note FROM executions WHERE phase = 'start' ORDER BY at"
+        ).fetchall()
+    ]
+    assert sorted(started) == list(range(n))
+    # Four slots claim at once at the start and then take turns: a rank may start at most
+    # three places (the other slots' concurrent claims) from its place in the key order.
+    # A slot that looked k/4 of the way into the candidates first started rank 10 first.
+    late = {rank: place for place, rank in enumerate(started) if abs(place - rank) > 3}
+    assert not late, (late, started)

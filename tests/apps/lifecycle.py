@@ -1,4 +1,4 @@
-"""Sliced handlers for the lease-lifecycle tests. `rebuild` is the README's own example,
+"""Handlers for the lease-lifecycle tests (tests/test_lifecycle.py). `rebuild` is the README's own example,
 taken from README.md's code block as it is written there (not a copy that could drift)."""
 
 from __future__ import annotations
@@ -66,3 +66,9 @@ def work_after_advance(task: slotd.Task, ctx: slotd.Context) -> bool:
     time.sleep(float(task.payload.get("after_s", 1.5)))  # the slice's remaining work
     _record(task, "end", cursor)
     return cursor + 1 >= 3
+
+
+@registry.handler("lifecycle.ordered", ceiling=timedelta(seconds=30))
+def ordered(task: slotd.Task, ctx: slotd.Context) -> None:
+    _record(task, "start", task.payload.get("rank"))
+    time.sleep(0.05)  # long enough that the slots' claims take turns
