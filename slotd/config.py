@@ -131,6 +131,7 @@ class Faults:
     lost_settlement: float = 0.0
     slot_crash: float = 0.0
     slot_crash_settled: float = 0.0
+    answer_lost: float = 0.0
 
     @property
     def any(self) -> bool:
@@ -142,6 +143,7 @@ class Faults:
                 self.lost_settlement,
                 self.slot_crash,
                 self.slot_crash_settled,
+                self.answer_lost,
             )
         )
 
@@ -216,6 +218,7 @@ class Settings:
                 lost_settlement=_float("SLOTD_FAULT_LOST_SETTLEMENT", 0.0),
                 slot_crash=_float("SLOTD_FAULT_SLOT_CRASH", 0.0),
                 slot_crash_settled=_float("SLOTD_FAULT_SLOT_CRASH_SETTLED", 0.0),
+                answer_lost=_float("SLOTD_FAULT_ANSWER_LOST", 0.0),
             ),
             allow_faults=_env("SLOTD_ALLOW_FAULTS") == "1",
         )

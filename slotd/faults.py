@@ -21,6 +21,9 @@ Where each kind acts, so that it exercises the recovery path it is meant to:
   attempt's outcome (its last words) and before it writes the settlement; the supervisor
   settles the lease by that outcome (a success is dequeued, not run again) and counts the
   settlements the slot made before it, all from the slot's ledger (slotd.ledger).
+- ``answer_lost``: the slot's connection is closed right after a settlement that claimed the
+  next task committed, before its answer is read: the slot reconnects and finds its claim by
+  the token it chose (slotd.lifecycle.conclude), rather than leaving that lease to lapse.
 - ``slot_crash_settled``: the slot exits with status 70 after its settlement is written and
   counted in its ledger, before the lease leaves the ledger: the supervisor must neither
   settle that lease again nor miss the count (slotd.ledger.Ledger.settled).
@@ -33,13 +36,24 @@ import os
 import random
 import time
 from collections.abc import Callable
+from typing import Any
+
+import psycopg
 
 from slotd.config import Faults, Settings
 from slotd.errors import ConfigError, SlotdError
 
 log = logging.getLogger("slotd.faults")
 
-KINDS = ("error", "latency", "crash", "lost_settlement", "slot_crash", "slot_crash_settled")
+KINDS = (
+    "error",
+    "latency",
+    "crash",
+    "lost_settlement",
+    "slot_crash",
+    "slot_crash_settled",
+    "answer_lost",
+)
 CRASH_STATUS = 70  # EX_SOFTWARE: distinguishable from a signal or an OOM kill in the slot log
 
 
@@ -150,6 +164,15 @@ class Injector:
             self._crash(
                 "slot_crash_settled", f"slot exits with status {CRASH_STATUS} after settling"
             )
+
+    def answer_lost(self, repo: Any) -> None:
+        """Called in the slot once a settlement with a chained claim committed, before its
+        answer is read: may close the connection and raise as a dropped one would, the
+        window in which only the database knows the claim was made."""
+        if self._draw(self.faults.answer_lost):
+            self._report("answer_lost", "connection closed after a chained claim committed")
+            repo.write.close()
+            raise psycopg.OperationalError("injected fault: connection lost after commit")
 
     def lose_settlement(self) -> bool:
         """Called in the slot before it writes an outcome: True means skip the write and

@@ -47,6 +47,7 @@ to retry while the lease lasts."""
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -103,13 +104,17 @@ def settle(
     then_claim: tuple[Sequence[int], Registry] | None = None,
     cancelled_by: str | None = None,
     registry: Registry | None = None,
+    lease_token: uuid.UUID | None = None,
+    answer_lost: Callable[[Repository], None] | None = None,
 ) -> Settlement:
     """Write the consequence of `result`, fenced on the token. A refused write means this
     worker no longer owns the row, so nothing is written and the outcome is `lost`.
 
     `then_claim` (candidate ids, registry): on success, claim the next task in the same
     statement as the dequeue; the claim comes back as `Settlement.next`. `registry`: where
-    the type's own backoff is found (else the worker's).
+    the type's own backoff is found (else the worker's). `lease_token`: the token the claim
+    riding on the settlement takes (see `conclude`); `answer_lost`: a chaos run's hook, called
+    once that statement committed.
 
     `cancelled_by`: an operator cancelled this attempt (the cancel's reason). However the
     handler ended, the row stays the dead letter the cancel made it: outcome `cancelled`,
@@ -131,7 +136,9 @@ def settle(
             return Settlement(Outcome.CANCELLED, True, result.duration)
         if result.kind == kinds.DONE and then_claim and then_claim[0]:
             try:
-                nxt = repo.dequeue_and_claim(task_id, token, *then_claim)
+                nxt = repo.dequeue_and_claim(task_id, token, *then_claim, lease_token)
+                if answer_lost is not None:
+                    answer_lost(repo)
             except LeaseLost as exc:
                 lost = _done(Outcome.LOST, claimed, result, logger)
                 return replace(lost, next=exc.next_claim, claim_tried=True)  # type: ignore[arg-type]
@@ -317,11 +324,37 @@ def conclude(
     settlement: Settlement | None = None
     if faults is not None:
         faults.crash_slot_before_settlement()
+    # A claim riding on a success brings its own token, so that if the connection drops with
+    # the answer unread, the retry asks whether that statement committed (the dequeue and
+    # the claim are one statement: both did or neither did) instead of leaving the new lease
+    # to nobody until ceiling + margin, an attempt and a limit's place burnt.
+    lease_token = uuid.uuid4() if how.get("then_claim") and result.kind == kinds.DONE else None
+    tries = 0
+
+    def once(repo: Repository) -> Settlement:
+        nonlocal tries
+        tries += 1
+        if tries > 1 and lease_token is not None:
+            held = repo.held_lease(lease_token)
+            if held is not None:
+                done = _done(Outcome.SUCCESS, claimed, result, logger)
+                return replace(done, next=held, claim_tried=True)
+        dropped = faults.answer_lost if faults is not None and tries == 1 else None
+        return settle(
+            repo,
+            claimed,
+            result,
+            logger=logger,
+            lease_token=lease_token,
+            answer_lost=dropped,
+            **how,
+        )
+
     if faults is not None and faults.lose_settlement():
         settlement = Settlement(Outcome.LOST, False, result.duration)
     else:
         try:
-            settlement = write(lambda repo: settle(repo, claimed, result, logger=logger, **how))
+            settlement = write(once)
         except Exception as exc:  # noqa: BLE001 - not even the failure could be recorded
             # settle() records a refused write as the task's failure; this is that record
             # refused too. The lease then expires as after a crash: the slot serves on.

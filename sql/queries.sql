@@ -227,7 +227,10 @@ picked AS MATERIALIZED (
     LIMIT 1
 ), claimed AS (
     UPDATE slotd_tasks t
-    SET lease_token = gen_random_uuid(),  -- random, from the server's strong source
+    -- Random, from the server's strong source; a claim riding on a settlement brings its
+    -- own (uuid4, from the client's), so that a connection lost before the answer came back
+    -- can be resolved by asking who holds it (see `held_lease`).
+    SET lease_token = coalesce(%(lease_token)s::uuid, gen_random_uuid()),
         lease_expires_at = now() + c.ceiling + make_interval(secs => %(margin_s)s),
         attempt_count = t.attempt_count + 1,
         last_attempted_at = now(),
@@ -560,6 +563,15 @@ WHERE (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
       END
 ORDER BY CASE WHEN %(view)s::text = 'dead' THEN t.last_attempted_at END DESC NULLS LAST,
          CASE WHEN %(view)s::text = 'dead' THEN -t.id END, t.run_at, t.id
+
+-- name: held_lease
+-- The lease a chained claim took under this token, if its statement committed: what a slot
+-- asks after its connection dropped with the answer unread, instead of leaving the row
+-- leased to nobody until ceiling + margin. claimed_at: the claim's own stamp.
+SELECT t.id, t.task_type, t.payload, t.key, t.run_at, t.attempt_count, t.max_attempts,
+       t.lease_token, t.lease_expires_at, t.last_attempted_at AS claimed_at
+FROM slotd_tasks t
+WHERE t.lease_token = %(token)s::uuid AND {lease_live}
 
 -- name: lease_of
 SELECT t.lease_token, {lease_live} FROM slotd_tasks t WHERE t.id = %(id)s

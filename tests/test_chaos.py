@@ -134,3 +134,48 @@ def test_a_slot_dying_around_its_settlement_counts_each_task_once(
     slotd.enqueue(qconn, "rt.noop", {"n": 40})
     wait_for(lambda: counted().get("success", 0) >= 41, timeout=30, what="the 41st counted")
     assert {k: v for k, v in counted().items() if v} == {"success": 41}
+
+
+def test_a_chained_claim_whose_answer_was_lost_is_found_by_its_token(
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+) -> None:
+    """The connection drops after a success's settlement and the claim riding on it
+    committed, before the answer was read: the slot reconnects and finds the lease it took
+    by the token it chose, runs that task now and counts the settled one a success (before,
+    the retry was refused, counted `lost`, and the new lease sat unrun until ceiling +
+    margin, an attempt burnt)."""
+    daemon = Daemon(
+        db_url,
+        slots=2,
+        env={
+            "SLOTD_ALLOW_FAULTS": "1",
+            "SLOTD_FAULT_ANSWER_LOST": "0.3",
+            "SLOTD_METRICS_ADDR": "127.0.0.1:0",
+        },
+    )
+    daemons.append(daemon)
+    daemon.start()
+    url = daemon.wait_line(r"metrics on ").split("metrics on ")[1].strip()
+
+    def counted() -> dict[str, float]:
+        body = urllib.request.urlopen(url, timeout=5).read().decode()
+        return {
+            line.split('outcome="')[1].split('"')[0]: float(line.split()[-1])
+            for line in body.splitlines()
+            if line.startswith("slotd_task_outcomes_total{") and 'task_type="rt.noop"' in line
+        }
+
+    ids = slotd.enqueue_many(qconn, [("rt.noop", {"n": n}) for n in range(40)])
+    daemon.wait_line(r"injected fault: answer_lost")
+    wait_for(
+        lambda: qconn.execute("SELECT count(*) FROM slotd_tasks").fetchone() == (0,),
+        timeout=60,
+        what="every task settled despite the lost answers",
+    )
+    runs = dict(
+        qconn.execute("SELECT task_id, attempt FROM executions WHERE phase = 'start'").fetchall()
+    )
+    assert sorted(runs) == sorted(ids)
+    assert set(runs.values()) == {1}  # no attempt burnt by a lease nobody ran
+    wait_for(lambda: counted().get("success", 0) >= 40, timeout=30, what="40 successes counted")
+    assert {k: v for k, v in counted().items() if v} == {"success": 40}

@@ -150,6 +150,7 @@ class QueueProtocol(Lanes):
             "ids": id_array(ids),
             **cached[2],
             "margin_s": self.lease_margin.total_seconds(),
+            "lease_token": None,  # drawn by the server
         }
 
     def _lock_types(self, ids: Sequence[int], registry: Registry) -> list[str]:
@@ -178,12 +179,20 @@ class QueueProtocol(Lanes):
             raise LeaseLost(f"task {task_id}: dequeue refused, the lease is not ours")
 
     def dequeue_and_claim(
-        self, task_id: int, token: uuid.UUID | None, ids: Sequence[int], registry: Registry
+        self,
+        task_id: int,
+        token: uuid.UUID | None,
+        ids: Sequence[int],
+        registry: Registry,
+        lease_token: uuid.UUID | None = None,
     ) -> Claimed | None:
         """Dequeue a finished task and claim the next of `ids` in one statement: one round
-        trip, one commit. A refused dequeue raises LeaseLost carrying the new claim."""
+        trip, one commit. A refused dequeue raises LeaseLost carrying the new claim.
+        `lease_token`: the new lease's token, when the caller must be able to find its claim
+        again (see held_lease)."""
         params = {
             **self._claim_params(ids, registry),
+            "lease_token": None if lease_token is None else str(lease_token),
             "id": task_id,
             "done_token": token,
             # The settled row's place is free for the claim riding on its settlement.
@@ -226,6 +235,11 @@ class QueueProtocol(Lanes):
         body = payload if isinstance(payload, str) else encode(payload, "cursor")
         count, _ = self._write("advance_cursor", {"id": task_id, "token": token, "payload": body})
         return count == 1
+
+    def held_lease(self, token: uuid.UUID) -> Claimed | None:
+        """The live lease under `token` (a chained claim's, after its answer was lost)."""
+        row = self.write.execute(_sql("held_lease"), {"token": token}).fetchone()
+        return Claimed(*row) if row else None
 
     def continue_slice(self, task_id: int, token: uuid.UUID) -> bool:
         """Release an advanced slice's row, due at once; False when the lease is not ours."""

@@ -1,5 +1,6 @@
-"""Handlers for the lease-lifecycle tests (tests/test_lifecycle.py). `rebuild` is the README's own example,
-taken from README.md's code block as it is written there (not a copy that could drift)."""
+"""Handlers for the lease-lifecycle tests (tests/test_lifecycle.py). `rebuild` is the
+README's own example, taken from README.md's code block as it is written there (not a copy
+that could drift)."""
 
 from __future__ import annotations
 
