@@ -31,7 +31,9 @@ nothing, and is told so (`lost`).
              made it (`settle_cancelled`); or a shutdown: the lease is released (`release`);
   lost       any fenced write that matched nothing: nothing is written.
 - released: at shutdown the lease is given back at once (sql `release`), due for another
-  replica; the attempt is not refunded (see the release statement).
+  replica. The attempt is not refunded (an interruption costs one, or a task always
+  mid-flight at rollout would never dead-letter), except the final one, once per task: a
+  deploy is never what kills a task; a second release on a final attempt dead-letters it.
 - handed over: a slot that dies holding a lease leaves it, with its last words (the
   attempt's outcome if the handler had ended), in its ledger; the supervisor settles it by
   those words, through the same `settle`, on its chores thread (`handed_over`).
@@ -216,9 +218,10 @@ def _release(
     interrupted = shutting_down or result.kind == kinds.SHUTDOWN
     if not interrupted:
         return _continued(repo, claimed, result, logger, backoff)
-    matched = repo.release(claimed.id, claimed.token, "released at shutdown on its final attempt")
+    reason = "released at shutdown on its final attempt, a second time"
+    dead = repo.release(claimed.id, claimed.token, reason, refund_final=True)
     outcome = Outcome.CONTINUED if result.advanced else Outcome.CANCELLED
-    return _done(outcome, claimed, result, logger, matched and claimed.final_attempt)
+    return _done(outcome, claimed, result, logger, bool(dead))
 
 
 NOT_ADVANCED = "continued without advancing: returned False without ctx.advance_cursor"

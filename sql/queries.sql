@@ -327,21 +327,33 @@ WITH continued AS (
 SELECT c.id FROM continued c
 LEFT JOIN LATERAL (SELECT pg_notify('slotd_wake', '')) n ON c.retryable
 
+-- predicate: refunds_final
+-- A shutdown's release of a final attempt not refunded before (see `release`).
+(%(refund_final)s::bool AND t.attempt_count >= t.max_attempts AND t.cancelled_at IS NULL
+ AND NOT t.final_attempt_refunded)
+
 -- name: release
--- A rollout does not refund the attempt; on the final one the resulting dead letter
--- would otherwise carry no explanation, so the reason is stamped then. A released row is
--- due at once, so the release wakes a slot (here or on another replica) in the same
--- transaction instead of leaving the work to the next tick.
+-- A rollout does not refund the attempt (an interruption costs one, or a task always
+-- mid-flight at rollout would never dead-letter), with one bounded exception: a release that
+-- would make the dead letter, on the final attempt, gives that attempt back, once per task
+-- (final_attempt_refunded, sql/017), so a deploy is never what kills a task. A second such
+-- release dead-letters it, and the reason is stamped then, else the dead letter would carry
+-- no explanation. refund_final: only a shutdown's release (not the test clock's lapse). A released row is due at once, so the release wakes a slot (here or on
+-- another replica) in the same transaction instead of leaving the work to the next tick.
 WITH released AS (
     UPDATE slotd_tasks t
     SET lease_token = NULL,
         lease_expires_at = NULL,
+        attempt_count = CASE WHEN {refunds_final} THEN t.max_attempts - 1
+                             ELSE t.attempt_count END,
+        final_attempt_refunded = t.final_attempt_refunded OR {refunds_final},
         last_error = CASE WHEN t.attempt_count >= t.max_attempts AND t.cancelled_at IS NULL
+                               AND NOT {refunds_final}
                           THEN %(reason)s ELSE t.last_error END
     WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
     RETURNING t.id, t.attempt_count < t.max_attempts AS retryable
 )
-SELECT r.id FROM released r
+SELECT r.id, NOT r.retryable AS dead FROM released r
 LEFT JOIN LATERAL (SELECT pg_notify('slotd_wake', '')) n ON r.retryable
 
 -- fragment: live_types
@@ -427,7 +439,8 @@ WITH candidates AS MATERIALIZED (
 )
 UPDATE slotd_tasks t
 SET attempt_count = 0, run_at = now(), order_at = now() - {head_start},
-    lease_token = NULL, lease_expires_at = NULL, cancelled_at = NULL
+    lease_token = NULL, lease_expires_at = NULL, cancelled_at = NULL,
+    final_attempt_refunded = false  -- a fresh start: a rollout may give one back again
 FROM chosen
 WHERE t.id = chosen.id
 RETURNING t.id

@@ -319,6 +319,7 @@ def test_pause_check_is_built_once_per_statement_and_keeps_the_due_index_walk(
         "ceilings_s": [60.0],
         "max_attempts": [20],
         "margin_s": 30.0,
+        "lease_token": None,
         "token": "00000000-0000-0000-0000-000000000001",
         "limit": 20,
         "lead_s": 100.0,

@@ -120,10 +120,10 @@ def test_stale_token_writes_nothing_for_each_settlement(
     with pytest.raises(LeaseLost):
         repo.record_failure(task_id, stale, "boom")
     assert repo.advance_cursor(task_id, stale, {"v": 2}) is False
-    assert repo.release(task_id, stale, "shutdown") is False
+    assert repo.release(task_id, stale, "shutdown") is None
     assert row(conn, task_id) == before
     # The real token still owns it.
-    assert repo.release(task_id, claimed.token, "shutdown") is True
+    assert repo.release(task_id, claimed.token, "shutdown") is False  # ours, not dead
 
 
 def test_dequeue_with_empty_token_matches_only_an_unleased_row(
@@ -266,21 +266,34 @@ def test_advance_cursor_resets_attempts_under_the_same_lease_until_the_slice_ret
     assert repo.continue_slice(task_id, claimed.token) is False
 
 
-def test_release_stamps_last_error_only_on_the_final_attempt(
+def test_a_shutdown_release_refunds_a_final_attempt_once_per_task(
     conn: psycopg.Connection[Any], repo: Repository
 ) -> None:
     reg = registry_of("rolled")
     early = slotd.enqueue(conn, "rolled", key="early")
     claimed = claim_one(repo, reg)
-    assert repo.release(claimed.id, claimed.token, "shutdown") is True
+    assert repo.release(claimed.id, claimed.token, "shutdown", refund_final=True) is False
     assert row(conn, early)["last_error"] is None
     assert row(conn, early)["attempt_count"] == 1  # a rollout does not refund the attempt
     conn.execute("DELETE FROM slotd_tasks")
     last = slotd.enqueue(conn, "rolled", max_attempts=1)
+    reason = "released at shutdown on its final attempt, a second time"
+    # The first release of its final attempt gives that attempt back: a deploy alone never
+    # makes the dead letter.
     claimed = claim_one(repo, reg)
-    repo.release(claimed.id, claimed.token, "released at shutdown on its final attempt")
-    assert row(conn, last)["last_error"] == "released at shutdown on its final attempt"
+    assert repo.release(claimed.id, claimed.token, reason, refund_final=True) is False
+    assert row(conn, last)["attempt_count"] == 0 and row(conn, last)["last_error"] is None
+    assert repo.gauges()["dead"] == {}
+    # Once per task: the second one dead-letters it, with the reason.
+    claimed = claim_one(repo, reg)
+    assert repo.release(claimed.id, claimed.token, reason, refund_final=True) is True
+    assert row(conn, last)["last_error"] == reason
     assert repo.gauges()["dead"] == {"rolled": 1}
+    # The test clock's lapse (refund_final off) never refunds.
+    lapsed = slotd.enqueue(conn, "rolled", max_attempts=1)
+    claimed = claim_one(repo, reg)
+    assert repo.release(claimed.id, claimed.token, "lease lapsed") is True
+    assert row(conn, lapsed)["attempt_count"] == 1
 
 
 def test_retention_prunes_only_dead_rows_past_the_window(

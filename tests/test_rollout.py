@@ -111,3 +111,39 @@ def test_daemon_speaks_the_systemd_notify_protocol(
     assert any(line.startswith("STOPPING=1") for line in until("STOPPING=1"))
     assert daemon.wait(30) == 0
     sock.close()
+
+
+def test_a_rollout_never_dead_letters_a_task_on_its_final_attempt_by_itself(
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+) -> None:
+    """The seed's rule stays (an interruption costs an attempt), bounded: a release at
+    shutdown gives a final attempt back once per task, so a deploy is never what kills it;
+    a second rollout on its final attempt dead-letters it, with the reason."""
+    task_id = slotd.enqueue(qconn, "rt.polite", max_attempts=1)
+
+    def roll(n: int) -> None:
+        daemon = Daemon(db_url, slots=1).start()
+        daemons.append(daemon)
+        wait_for(
+            lambda: (
+                qconn.execute("SELECT count(*) FROM executions WHERE phase = 'start'").fetchone()
+                == (n,)
+            ),
+            what=f"start {n} of the task",
+        )
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(30) == 0
+
+    roll(1)
+    row = qconn.execute(
+        "SELECT attempt_count, max_attempts, last_error, lease_token FROM slotd_tasks"
+        " WHERE id = %s",
+        (task_id,),
+    ).fetchone()
+    assert row == (0, 1, None, None)  # released, its one attempt given back: pending, not dead
+    roll(2)
+    row = qconn.execute(
+        "SELECT attempt_count, last_error FROM slotd_tasks WHERE id = %s", (task_id,)
+    ).fetchone()
+    assert row is not None and row[0] == 1
+    assert row[1] == "released at shutdown on its final attempt, a second time"

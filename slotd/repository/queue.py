@@ -246,10 +246,20 @@ class QueueProtocol(Lanes):
         _, rows = self._write("continue_slice", {"id": task_id, "token": token})
         return len(rows) == 1
 
-    def release(self, task_id: int, token: uuid.UUID, reason: str) -> bool:
-        params = {"id": task_id, "token": token, "reason": storable(reason)}
+    def release(
+        self, task_id: int, token: uuid.UUID, reason: str, *, refund_final: bool = False
+    ) -> bool | None:
+        """Give the lease back; None when it is not ours, else whether the row is now a dead
+        letter. `refund_final`: a shutdown's release, which gives a final attempt back once
+        per task (see the statement)."""
+        params = {
+            "id": task_id,
+            "token": token,
+            "reason": storable(reason),
+            "refund_final": refund_final,
+        }
         _, rows = self._write("release", params)
-        return len(rows) == 1
+        return bool(rows[0][1]) if rows else None
 
     def settle_cancelled(self, task_id: int, token: uuid.UUID) -> bool:
         count, _ = self._write("settle_cancelled", {"id": task_id, "token": token})

@@ -773,6 +773,7 @@ def pgbench_script() -> str:
         .replace("%(ceilings_s)s", ":ceilings")
         .replace("%(max_attempts)s", ":types_max_attempts")
         .replace("%(margin_s)s", ":margin")
+        .replace("%(lease_token)s::uuid", "NULL::uuid")
         .replace("%(token)s::uuid", "gen_random_uuid()")
     )
     dequeue = s["dequeue"].replace("%(id)s", ":id").replace("%(token)s", ":lease_token")
