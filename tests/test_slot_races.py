@@ -15,7 +15,8 @@ import psycopg
 import pytest
 
 import slotd
-from slotd import proc, slot
+from slotd import proc
+from slotd.runner_keeper import Runner
 from tests.daemon import ROOT, Daemon, gone, wait_for
 
 
@@ -99,7 +100,7 @@ def test_stopping_a_runner_that_will_not_die_is_bounded(
     try:
         # A runner in uninterruptible sleep, as far as the slot can tell: SIGKILL does nothing.
         monkeypatch.setattr(proc, "kill_group", lambda pid, sig=signal.SIGKILL: None)
-        runner_ = slot.Runner(pid, Connection(ours.detach()), proc.ChildWatch(pid))
+        runner_ = Runner(pid, Connection(ours.detach()), proc.ChildWatch(pid))
         began = time.monotonic()
         assert runner_.stop(timeout=0.5) is None
         assert time.monotonic() - began < 10
