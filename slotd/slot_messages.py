@@ -65,7 +65,8 @@ class SlotMessages:
                     self._control.claimed(handle)
                     self._tokens.offer(remember=False)  # the cascade, as for any claim
             elif kind == "settled":  # one the ledger could not take
-                self._counted(tuple(message[1:]))
+                self._counted(tuple(message[1:5]))
+                handle.settled_token = message[5]
             elif kind == "runner":  # after a recycle, a reload or a respawn
                 handle.runner_pid = message[1]
             elif kind == "stuck":

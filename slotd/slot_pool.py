@@ -21,7 +21,7 @@ from typing import Any
 
 from slotd import proc
 from slotd.ledger import Ledger, Settled
-from slotd.processor import Result
+from slotd.outcome import Result
 from slotd.repository import Claimed
 from slotd.slot import SlotSpec, run_slot
 
@@ -44,6 +44,9 @@ class SlotHandle:
     ledger: Ledger = field(default_factory=Ledger)
     runner_pid: int | None = None
     stuck: int = 0  # runners that did not die after SIGKILL (uninterruptible sleep)
+    # The lease its last "settled" message settled: a slot killed before it dropped that
+    # lease from its ledger has settled it already (see Ledger.settled).
+    settled_token: bytes | None = None
 
 
 class SlotPool:
@@ -136,7 +139,7 @@ class SlotPool:
         # nothing writes any more (slotd.ledger).
         self.read_ledger(handle, None)
         handle.lease = handle.ledger.lease()
-        if handle.lease is not None:
+        if handle.lease is not None and handle.lease.token.bytes != handle.settled_token:
             self._orphaned(handle.lease, handle.ledger.heard(handle.lease.token))
         handle.ledger.close()
         if self.stopping:
