@@ -33,7 +33,7 @@ from slotd.ledger import Ledger
 from slotd.lifecycle import Settlement, not_started
 from slotd.outcome import CRASHED, KILLED, SHUTDOWN, Result, past
 from slotd.registry import Registry
-from slotd.repository import Claimed
+from slotd.repository import Claimed, Repository
 from slotd.runner_keeper import Runner, RunnerKeeper
 from slotd.slot_connections import SlotConnections
 from slotd.watchdog import Step, Watchdog
@@ -65,6 +65,45 @@ class SlotSpec:
     ledger: Ledger = field(default_factory=Ledger)
 
 
+class OperatorCancel:
+    """An operator's cancel of the attempt a slot is running: heard from the supervisor
+    (which heard it on the control channel), or found by the attempt's own look at its row
+    every CANCEL_RECHECK_POLLS poll intervals, so a notification lost on the way (a LISTEN
+    reconnect) still stops it. Carried out like a deadline (see slotd.watchdog)."""
+
+    def __init__(self, recheck_every: float, log: logs.FieldsAdapter) -> None:
+        self.recheck_every, self.log = recheck_every, log
+        self.reason: str | None = None
+        self.recheck_at = 0.0
+
+    def begin(self, started: float) -> None:
+        self.reason = None
+        self.recheck_at = started + self.recheck_every
+
+    def look_if_due(self, now: float, claimed: Claimed, repo: Repository | None) -> None:
+        if self.reason is not None or now < self.recheck_at or repo is None:
+            return
+        self.recheck_at = now + self.recheck_every
+        try:
+            reason = repo.cancel_reason(claimed.id, claimed.token)
+        except psycopg.Error as exc:  # the settlement reconnects; this look can wait
+            self.log.warning("could not look for a cancel of task %s: %s", claimed.id, exc)
+            return
+        if reason is not None:
+            self.heard(claimed, reason)
+
+    def heard(self, claimed: Claimed, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            self.log.info(
+                "task %s#%s %s: stopping it",
+                claimed.task_type,
+                claimed.id,
+                reason if reason.startswith("cancelled") else f"cancelled by {reason}",
+                extra={"task_id": claimed.id, "task_type": claimed.task_type},
+            )
+
+
 class Slot:
     def __init__(self, spec: SlotSpec, sup: Connection) -> None:
         self.spec = spec
@@ -75,7 +114,6 @@ class Slot:
         self.hurry = False
         self.reload = False
         self.cancel_sent = False  # a CANCEL went to the runner during its last task
-        self.cancel_reason: str | None = None  # an operator cancelled the running task
         self.woken = False  # a wake token that arrived while a task ran
         self.sup_open = True
         self.log = logs.FieldsAdapter(log, {"slot": spec.number})
@@ -104,6 +142,8 @@ class Slot:
             log=self.log,
         )
         self.bell = Bell(spec.ledger, self._report, lambda: self.runners.pid)
+        recheck = settings.poll_interval.total_seconds() * CANCEL_RECHECK_POLLS
+        self.cancel = OperatorCancel(recheck, self.log)
 
     # process set-up and the loop
 
@@ -267,7 +307,7 @@ class Slot:
         margin = self.settings.lease_margin
         deadline = claimed.deadline(margin)
         started = time.monotonic()
-        self.cancel_reason = None
+        self.cancel.begin(started)
         if past(deadline):
             result = not_started(claimed)
         elif self.stopping or self.runners.current is None:  # a chained claim met a shutdown
@@ -304,14 +344,10 @@ class Slot:
             return result
         self.cancel_sent = False
         runner_.tasks += 1
-        recheck_every = self.settings.poll_interval.total_seconds() * CANCEL_RECHECK_POLLS
-        recheck_at = dog.started + recheck_every
         while True:
             now = time.monotonic()
-            if self.cancel_reason is None and now >= recheck_at:
-                recheck_at = now + recheck_every
-                self._recheck_cancel(claimed)
-            cancelled = self.cancel_reason is not None
+            self.cancel.look_if_due(now, claimed, self.conns.repo)
+            cancelled = self.cancel.reason is not None
             while (step := dog.step(now, self.stopping, self.hurry, cancelled)) is not None:
                 if step is Step.CANCEL_KILL:
                     self.runners.died(Result(KILLED))
@@ -380,29 +416,7 @@ class Slot:
             if message[0] == "wake":
                 self.woken = True  # kept for the next wait, never lost
             elif message[0] == "cancel" and message[2] == str(claimed.token):
-                self._cancelled(claimed, message[3])
-
-    def _recheck_cancel(self, claimed: Claimed) -> None:
-        if self.conns.repo is None:
-            return
-        try:
-            reason = self.conns.repo.cancel_reason(claimed.id, claimed.token)
-        except psycopg.Error as exc:  # the settlement reconnects; this look can wait
-            self.log.warning("could not look for a cancel of task %s: %s", claimed.id, exc)
-            return
-        if reason is not None:
-            self._cancelled(claimed, reason)
-
-    def _cancelled(self, claimed: Claimed, reason: str) -> None:
-        if self.cancel_reason is None:
-            self.cancel_reason = reason
-            self.log.info(
-                "task %s#%s %s: stopping it",
-                claimed.task_type,
-                claimed.id,
-                reason if reason.startswith("cancelled") else f"cancelled by {reason}",
-                extra={"task_id": claimed.id, "task_type": claimed.task_type},
-            )
+                self.cancel.heard(claimed, message[3])
 
     def _advance(self, claimed: Claimed, body: str) -> tuple[bool, str | None]:
         """Write a cursor for the runner. Whatever the database says about the data is the
@@ -427,7 +441,7 @@ class Slot:
             logger=self.log,
             shutting_down=self.stopping,
             then_claim=chain,
-            cancelled_by=self.cancel_reason,
+            cancelled_by=self.cancel.reason,
             registry=registry,
         )
 
