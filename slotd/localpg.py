@@ -216,4 +216,13 @@ def scratch(prefix: str = "slotd-", port: int = 5432, fast: bool = True) -> Iter
         yield server
     finally:
         server.stop("immediate")
-        shutil.rmtree(root, ignore_errors=True)
+        # A test session's server holds a database per test: thousands of files, whose
+        # removal on a busy disk outlasted pytest's timeout on the session's last test. A
+        # detached child removes them; the caller's exit does not wait on the disk.
+        subprocess.Popen(
+            ["rm", "-rf", "--", str(root)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
