@@ -13,7 +13,7 @@ import psutil
 import psycopg
 
 import slotd
-from slotd.repository import Repository, cancel_tasks, paused_types
+from slotd.repository import Repository, cancel_tasks
 from tests.daemon import ROOT, Daemon, gone, wait_for
 
 
@@ -71,13 +71,25 @@ def test_type_paused_before_a_replica_starts_is_not_claimed_and_resumes_at_until
     # The paused type's backlog sits at the head of the queue (oldest first); the other type
     # must flow past it.
     held = slotd.enqueue_many(qconn, [("rt.noop", {"n": n}) for n in range(300)])
-    paused = cli(db_url, "pause", "rt.noop", "--until", "4s")
+    # Paused for longer than any start-up takes, however loaded the machine: the replica
+    # must find the pause in force when it starts.
+    paused = cli(db_url, "pause", "rt.noop", "--until", "1h")
     assert paused.returncode == 0, paused.stderr
-    [pause] = paused_types(qconn)
     flowing = slotd.enqueue_many(qconn, [("rt.quick", {"n": n}) for n in range(100)])
     daemon = start(daemons, db_url, slots=2)
     daemon.wait_line(r"task type rt\.noop is paused \(by \S+@\S+ since .*, until ")
     wait_for(lambda: remaining(qconn, flowing) == 0, what="the other type to drain")
+    assert started(qconn, held) == set()
+    # Then the pause is cut short to a near end (the same upsert an operator's second
+    # `slotd pause` makes); nothing announces its end, so the poll must find it.
+    shortened = cli(db_url, "pause", "rt.noop", "--until", "2s")
+    assert shortened.returncode == 0, shortened.stderr
+    # Read from the table: the pause may be over already (2 s) when this looks.
+    until = qconn.execute(
+        "SELECT until FROM slotd_paused_types WHERE task_type = 'rt.noop'"
+    ).fetchone()
+    assert until is not None
+    pause = {"until": until[0]}
     # At the pause's end the backlog is claimed (by the poll: nothing announces the end).
     wait_for(lambda: remaining(qconn, held) == 0, timeout=60, what="the paused type to resume")
     assert _after(qconn, held, pause["until"])
