@@ -6,15 +6,31 @@ Cancellation arrives in signal handlers (the slot's deadline interrupt, a shutdo
 there would tear the loop's own machinery, so they only schedule a cancel of the handler's
 task: its `await` points raise CancelledError, and the call as a whole ends in the
 DeadlineExceeded or Cancelled that asked for it. A coroutine stuck in a blocking call never
-reaches an await; the slot's kill grace ends it with its runner."""
+reaches an await; the slot's kill grace ends it with its runner.
+
+An attempt owns the asyncio tasks it starts, and the tasks those start: each task is
+attributed, as it is created, to the attempt whose context it was created in (the loop's
+task factory reads a context variable the handler's task carries). When an attempt ends by
+its deadline or a cancel, its tasks are cancelled and awaited before its result goes back
+(`end_attempt`), so none of them runs on during a later handler. A successful attempt's are
+left running: a pool or client a handler keeps at module level starts its background tasks
+in whichever attempt first used it, and must keep working for the attempts after it."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
+import time
+import weakref
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+# The tasks of the attempt a task was created in (directly, or by a task of that attempt).
+_ATTEMPT: contextvars.ContextVar[weakref.WeakSet[asyncio.Task[Any]]] = contextvars.ContextVar(
+    "slotd_attempt"
+)
 
 
 class HandlerLoop:
@@ -22,6 +38,7 @@ class HandlerLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[Any] | None = None
         self._why: BaseException | None = None
+        self._attempt: weakref.WeakSet[asyncio.Task[Any]] | None = None  # the last call's
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -29,6 +46,7 @@ class HandlerLoop:
         # asyncio.run() still gets a loop of its own, as anywhere else.
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()
+            self._loop.set_task_factory(_attributed)
         return self._loop
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
@@ -39,8 +57,11 @@ class HandlerLoop:
             with ThreadPoolExecutor(1, thread_name_prefix="slotd-handler") as pool:
                 return pool.submit(lambda: current().run(coro)).result()
         loop = self.loop
-        task = loop.create_task(coro)
-        self._task, self._why = task, None
+        attempt: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+        context = contextvars.copy_context()
+        context.run(_ATTEMPT.set, attempt)
+        task = loop.create_task(coro, context=context)
+        self._task, self._why, self._attempt = task, None, attempt
         try:
             return loop.run_until_complete(task)
         except asyncio.CancelledError as exc:
@@ -50,6 +71,27 @@ class HandlerLoop:
             raise why from exc
         finally:
             self._task = self._why = None
+
+    def end_attempt(self, stop: bool, grace: float) -> bool:
+        """The last call's attempt is over. `stop` (it ended by its deadline or a cancel):
+        cancel every task it started and await them up to `grace` seconds, and True only if
+        all of them ended. Otherwise its tasks are left running, and True."""
+        attempt, self._attempt = self._attempt, None
+        if not stop or attempt is None or self._loop is None:
+            return True
+        loop, until = self._loop, time.monotonic() + grace
+        # A task may start another as it unwinds (a finally that spawns): look again.
+        while left := [t for t in attempt if not t.done()]:
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                return False
+            for t in left:
+                t.cancel("the attempt that started it has ended")
+            loop.run_until_complete(asyncio.wait(left, timeout=remaining))
+        for t in attempt:  # their errors died with the attempt: no "never retrieved" noise
+            if not t.cancelled():
+                t.exception()
+        return True
 
     def cancel(self, why: BaseException) -> bool:
         """Signal-safe: schedule the running call's cancellation, which will end it in `why`.
@@ -65,6 +107,16 @@ class HandlerLoop:
         if task is self._task and not task.done():
             self._why = why  # the latest reason: a deadline after an ignored shutdown wins
             task.cancel(str(why))
+
+
+def _attributed(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+    """The loop's task factory: an asyncio.Task, recorded as its creator's attempt's."""
+    task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
+    context = kwargs.get("context")
+    attempt = _ATTEMPT.get(None) if context is None else context.get(_ATTEMPT)
+    if attempt is not None:
+        attempt.add(task)
+    return task
 
 
 def _running_here() -> bool:

@@ -7,9 +7,13 @@ the slot over the pipe; the slot performs it, fenced, and answers."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
+import logging
 import os
 import signal
 import sys
+import threading
 from datetime import UTC, datetime
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
@@ -18,7 +22,7 @@ from slotd import aio, proc
 from slotd.errors import Cancelled, DeadlineExceeded
 from slotd.outcome import DONE, ERROR, SHUTDOWN, Result, past
 from slotd.processor import execute
-from slotd.registry import Registry, load_registry
+from slotd.registry import Handler, Registry, load_registry
 from slotd.task import Context, Task
 
 if TYPE_CHECKING:
@@ -30,12 +34,22 @@ INTERRUPT = signal.SIGUSR2  # deadline: raise DeadlineExceeded in the handler's 
 
 
 INTERRUPTED = "interrupted at the deadline by the slot's watchdog"
+# What the result says when the runner must not serve another task: something the attempt
+# started (a thread, an asyncio task deaf to its cancel) is still running. The slot kills
+# the runner's group before it settles the attempt, and forks a fresh one.
+RECYCLE = "recycle"
+# How long a timed-out or cancelled attempt's asyncio tasks get to end once cancelled: well
+# inside the kill grace (5 s by default), so the runner is replaced by its own word first.
+LEFTOVER_GRACE = 1.0
+
+log = logging.getLogger("slotd.runner")
 
 
 class _State:
     cancelled = False
     armed = False
     cursor_owed = False  # an async cursor write was cancelled before its answer came
+    entered = False  # the handler's own code has started, this attempt
 
 
 def _on_cancel(signum: int, frame: Any) -> None:
@@ -47,8 +61,53 @@ def _on_cancel(signum: int, frame: Any) -> None:
 def _on_interrupt(signum: int, frame: Any) -> None:
     if _State.armed:
         _State.armed = False
-        if not aio.current().cancel(DeadlineExceeded(INTERRUPTED)):
+        if not aio.current().cancel(DeadlineExceeded(INTERRUPTED)) and not _returned(frame):
             raise DeadlineExceeded(INTERRUPTED)
+
+
+def _returned(frame: Any) -> bool:
+    """Whether the handler has returned: then the deadline interrupt is ignored, since its
+    result, built a moment later, is what the attempt did (a done task raised into here
+    would be a failure, and would run again). Not yet entered, or its frame (the `_enter`
+    wrapper's) still below the one interrupted: it is running, and is interrupted.
+
+    The wrapper's own frame on top is the moment right after the handler returned: between
+    setting `entered` and calling the handler no bytecode checks for signals."""
+    if not _State.entered:
+        return False
+    if frame is not None and frame.f_code in _ENTER_CODES:
+        return True
+    while frame is not None:
+        if frame.f_code in _ENTER_CODES:
+            return False
+        frame = frame.f_back
+    return True
+
+
+class _Enter:
+    """The handler, marking `entered` as its first act (see _returned)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        functools.update_wrapper(self, fn)  # its name and module, for whoever reports it
+
+    def __call__(self, task: Task, ctx: Context) -> Any:
+        _State.entered = True
+        return self.fn(task, ctx)
+
+
+class _EnterAsync(_Enter):
+    async def __call__(self, task: Task, ctx: Context) -> Any:  # type: ignore[override]
+        _State.entered = True
+        return await self.fn(task, ctx)
+
+
+_ENTER_CODES = frozenset((_Enter.__call__.__code__, _EnterAsync.__call__.__code__))
+
+
+def _entering(handler: Handler) -> Handler:
+    enter = _EnterAsync if handler.is_async else _Enter
+    return dataclasses.replace(handler, fn=enter(handler.fn))
 
 
 def fresh_registry(app: str) -> Registry:
@@ -125,9 +184,12 @@ def _run(
     slot_no: int,
     faults: Injector | None,
 ) -> Result:
-    handler = registry.get(task.type)
+    handler = _entered_handlers.get(task.type)
     if handler is None:
-        return Result(ERROR, f"no handler registered for {task.type!r} in this runner")
+        found = registry.get(task.type)
+        if found is None:
+            return Result(ERROR, f"no handler registered for {task.type!r} in this runner")
+        handler = _entered_handlers[task.type] = _entering(found)
     proc.set_title(f"runner {slot_no} running {task.type}#{task.id}")
 
     def write_cursor(body: str) -> bool:
@@ -157,8 +219,10 @@ def _run(
 
     cancelled = lambda: _State.cancelled  # noqa: E731
     ctx = Context(task, deadline, write_cursor, cancelled, write_cursor_async=write_cursor_async)
+    threads = threading.enumerate()  # those alive before the attempt are not its own
     # Not cleared here: a cancel that lands while the task is being received stays (the
     # slot clears a stale one with the "run" message; see slot.Slot._watch).
+    _State.entered = False
     _State.armed = True
     try:
         result = execute(handler, ctx, faults.before_handler if faults else None)
@@ -171,13 +235,33 @@ def _run(
         result.advanced = result.advanced or bool(conn.recv()[1])
     result.past_deadline = result.past_deadline or past(deadline)
     timed_out = result.past_deadline and result.kind != DONE
-    if timed_out or _State.cancelled or result.kind == SHUTDOWN:
-        # Nothing an attempt that timed out or was cancelled started may outlive it: the
-        # retry would run beside it. A handler that succeeded keeps what it started.
+    ended = timed_out or _State.cancelled or result.kind == SHUTDOWN
+    # Nothing an attempt that timed out or was cancelled started may outlive it: the retry
+    # would run beside it. Its asyncio tasks are cancelled and awaited, its processes
+    # killed, and a thread it started still alive ends with the runner, replaced by the
+    # slot before it settles (a thread cannot be stopped from outside). A handler that
+    # succeeded keeps what it started: a pool's tasks and threads serve the next attempts.
+    all_ended = aio.current().end_attempt(ended, LEFTOVER_GRACE)
+    if ended:
         proc.kill_rest_of_group()
+        alive = [t.name for t in threading.enumerate() if t not in threads and t.is_alive()]
+        if alive or not all_ended:
+            what = f"threads {', '.join(alive)}" if alive else "asyncio tasks deaf to cancel"
+            log.warning(
+                "task %s#%s attempt %s ended, but %s it started still run: replacing its runner",
+                task.type,
+                task.id,
+                task.attempt,
+                what,
+                extra={"task_id": task.id, "task_type": task.type, "attempt": task.attempt},
+            )
+            result.extra[RECYCLE] = what
     _State.cancelled = False  # this task's; one that arrives after this is the slot's to clear
     proc.set_title(f"runner {slot_no} idle")
     return result
+
+
+_entered_handlers: dict[str, Handler] = {}  # by type, in this runner's life
 
 
 def _cursor_reply(reply: tuple[Any, ...]) -> bool:

@@ -389,6 +389,8 @@ class Slot:
                     result = Result(*message[1:])
                     result.advanced = result.advanced or advanced
                     self.runners.crashes = 0
+                    if result.extra.get(runner.RECYCLE):  # what the attempt started runs on
+                        self.runners.died(result)  # ended before the settlement, not after
                     return result
                 if message is not None and message[0] == "fault":
                     self._report("fault", message[1])

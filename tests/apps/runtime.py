@@ -323,3 +323,98 @@ def flaky(task: slotd.Task, ctx: slotd.Context) -> None:
         _record(task, "fail")
         raise RuntimeError(f"planned failure on attempt {task.attempt}")
     _record(task, "end")
+
+
+# What an attempt leaves running: its own background work, and a handler's module-level pools.
+
+
+def _tick_forever(task_id: int, phase: str, every: float = 0.02) -> None:
+    with psycopg.connect(os.environ["SLOTD_DATABASE_URL"], autocommit=True) as conn:
+        while True:
+            conn.execute(
+                "INSERT INTO executions (task_id, attempt, phase, pid) VALUES (%s, 0, %s, %s)",
+                (task_id, phase, os.getpid()),
+            )
+            time.sleep(every)
+
+
+@registry.handler("rt.thread_ticker", ceiling=SHORT)
+def thread_ticker(task: slotd.Task, ctx: slotd.Context) -> None:
+    """Starts a thread that writes for ever, then waits past its deadline."""
+    threading.Thread(target=_tick_forever, args=(task.id, "tick"), daemon=True).start()
+    _record(task, "start")
+    time.sleep(3600)
+
+
+@registry.handler("rt.async_ticker", ceiling=SHORT)
+async def async_ticker(task: slotd.Task, ctx: slotd.Context) -> None:
+    """Starts an asyncio task that writes for ever (a tick per loop turn of 20 ms), then
+    waits past its deadline."""
+
+    async def tick() -> None:
+        with psycopg.connect(os.environ["SLOTD_DATABASE_URL"], autocommit=True) as conn:
+            sql = "INSERT INTO executions (task_id, attempt, phase, pid) VALUES (%s, 0, %s, %s)"
+            try:
+                while True:
+                    conn.execute(sql, (task.id, "tick", os.getpid()))
+                    await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                conn.execute(sql, (task.id, "ticker_cancelled", os.getpid()))
+                raise
+
+    asyncio.get_running_loop().create_task(tick())
+    await _arecord(task, "start")
+    await asyncio.sleep(3600)
+
+
+# The same, for an operator's cancel to end rather than its deadline.
+registry.register("rt.async_ticker_long", async_ticker, ceiling=timedelta(seconds=60))
+
+
+@registry.handler("rt.async_nap", ceiling=timedelta(seconds=30))
+async def async_nap(task: slotd.Task, ctx: slotd.Context) -> None:
+    """Gives the loop to whatever else runs on it for a while."""
+    await _arecord(task, "start")
+    await asyncio.sleep(task.payload.get("seconds", 0.5))
+    await _arecord(task, "end")
+
+
+_pool: Any = None
+_executor: Any = None
+_beats = 0
+
+
+async def _heartbeat() -> None:
+    global _beats
+    while True:
+        _beats += 1
+        await asyncio.sleep(0.005)
+
+
+@registry.handler("rt.async_pooled", ceiling=timedelta(seconds=30))
+async def async_pooled(task: slotd.Task, ctx: slotd.Context) -> None:
+    """Keeps a connection pool, a thread pool and a background task at module level, made in
+    the first attempt that needs them (as an application's handler would): each attempt
+    notes which pool connection and worker thread served it and whether the heartbeat the
+    first one started still beats."""
+    global _pool, _executor
+    from concurrent.futures import ThreadPoolExecutor
+
+    from psycopg_pool import AsyncConnectionPool
+
+    if _pool is None:
+        url = os.environ["SLOTD_DATABASE_URL"]
+        _pool = AsyncConnectionPool(url, min_size=1, max_size=1, open=False)
+        await _pool.open(wait=True)
+        _executor = ThreadPoolExecutor(1)
+        asyncio.get_running_loop().create_task(_heartbeat())
+    before = _beats
+    await asyncio.sleep(0.05)
+    beating = _beats > before
+    thread = await asyncio.get_running_loop().run_in_executor(_executor, threading.get_ident)
+    async with _pool.connection() as conn:
+        backend = conn.info.backend_pid
+        await conn.execute(
+            "INSERT INTO executions (task_id, attempt, phase, pid, note) VALUES (%s,%s,%s,%s,%s)",
+            (task.id, task.attempt, "start", os.getpid(), f"{backend} {thread} {beating}"),
+        )
