@@ -122,3 +122,19 @@ def test_module_level_pools_and_background_tasks_keep_working_across_attempts(
     assert len(pids) == 1  # one runner throughout
     assert len(notes) == 1  # one pool connection, one worker thread, the heartbeat beating
     assert notes.pop().endswith(" True")
+
+
+def test_a_deadline_interrupt_after_the_handler_returned_leaves_it_done(
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+) -> None:
+    """The handler returned before its deadline; the interrupt lands while the runner is
+    still looking at what it returned. The task is done, once: not a timeout run again."""
+    daemon = Daemon(db_url, slots=1, env={"SLOTD_KILL_GRACE": "2s"})
+    daemons.append(daemon)
+    daemon.start()
+    task_id = slotd.enqueue(qconn, "rt.slow_return")
+    row = wait_for(lambda: settled(qconn, task_id), what="the settlement")
+    assert row == {"deleted": True}, row.get("last_error")
+    assert phase_rows(qconn, task_id, "interrupted_after_return")[0][1] == "True"  # in the window
+    assert len(phase_rows(qconn, task_id, "start")) == 1
+    daemon.wait_line(rf"rt\.slow_return#{task_id} attempt 1: success")

@@ -418,3 +418,31 @@ async def async_pooled(task: slotd.Task, ctx: slotd.Context) -> None:
             "INSERT INTO executions (task_id, attempt, phase, pid, note) VALUES (%s,%s,%s,%s,%s)",
             (task.id, task.attempt, "start", os.getpid(), f"{backend} {thread} {beating}"),
         )
+
+
+class _SlowToInspect:
+    """A return value whose inspection outlasts the deadline: the runner looks at what a
+    handler returned (is it awaitable?) before it builds the result, so the slot's deadline
+    interrupt lands in that window, after the handler returned. Waits for the interrupt to
+    have arrived (the runner disarms it), records that, and lets the inspection finish."""
+
+    def __init__(self, task: slotd.Task) -> None:
+        self.task, self.waited = task, False
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # noqa: PLE0307 - isinstance() asks for it
+        if not self.waited:
+            self.waited = True
+            from slotd import runner
+
+            until = time.monotonic() + 20
+            while runner._State.armed and time.monotonic() < until:
+                time.sleep(0.005)
+            _record(self.task, "interrupted_after_return", note=str(not runner._State.armed))
+        return _SlowToInspect
+
+
+@registry.handler("rt.slow_return", ceiling=SHORT)
+def slow_return(task: slotd.Task, ctx: slotd.Context) -> Any:
+    _record(task, "start")
+    return _SlowToInspect(task)
