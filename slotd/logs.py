@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
+import os
 import re
+import signal
 import sys
 import time
 from datetime import UTC, datetime
@@ -138,12 +141,27 @@ def _redacted_str(value: Any) -> str:
     return redact(str(value))
 
 
+# A follower asks the process holding lines before it to write them out with this signal.
+FLUSH_SIGNAL = signal.SIGRTMIN
+# How long a follower waits for them before it writes its own line anyway: a holder busy in a
+# blocking call may answer late, and a follower's logging must not hang with it.
+FOLLOWER_WAIT = 0.25
+
+
 class HoldingHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """slotd's one handler. Holding (`hold` > 0, a slot's): INFO lines wait up to `hold`
     seconds and leave together, one write per batch instead of one per settlement (each
     write wakes whatever reads the stream, journald or a container runtime: a quarter of a
     busy slot's CPU per no-op task went to its line). A WARNING or worse goes at once, after
-    the lines held before it. The holder flushes before it blocks (`due_in` says when)."""
+    the lines held before it. The holder flushes before it blocks (`due_in` says when).
+
+    Lines stay in time order across the processes a holder forks (a slot's runner, and what
+    the handler forks): those follow it. A holder shows whether it holds lines in a byte of
+    shared memory (written once per batch, so the batching costs nothing more); a follower
+    about to write while it does asks the holder to write them first (FLUSH_SIGNAL) and
+    waits for the byte to clear, so the `continued` a slot holds comes out before the
+    `page 2` its runner logs next. What a follower's children print past logging, and the
+    supervisor's lines, are not ordered with a slot's held ones."""
 
     def __init__(self, stream: IO[str], hold: float = 0.0) -> None:
         super().__init__(stream)
@@ -151,6 +169,11 @@ class HoldingHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self.held: list[str] = []
         self.since = 0.0
         self.bytes = 0
+        self.holding: mmap.mmap | None = None  # the holder's byte: 1 while it holds lines
+        self.holder_pid = 0
+        self.leader: mmap.mmap | None = None  # a follower's: the byte of the holder it follows
+        self.leader_fd: int | None = None  # a pidfd of it (the pid when there is none)
+        self.writing = False
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -158,8 +181,12 @@ class HoldingHandler(logging.StreamHandler):  # type: ignore[type-arg]
         except Exception:  # noqa: BLE001 - logging's own contract: report, never raise
             self.handleError(record)
             return
+        if self.leader is not None and self.leader[0]:
+            self._wait_for_leader()
         if not self.held:
             self.since = time.monotonic()
+            if self.holding is not None:
+                self.holding[0] = 1
         self.held.append(line)
         self.bytes += len(line)
         if (
@@ -171,15 +198,18 @@ class HoldingHandler(logging.StreamHandler):  # type: ignore[type-arg]
             self._write()
 
     def _write(self) -> None:
-        if not self.held:
-            return
-        text = "\n".join(self.held) + "\n"
-        self.held, self.bytes = [], 0
-        try:
-            self.stream.write(text)
-            self.stream.flush()
-        except Exception:  # noqa: BLE001 - a closed stderr must not take the process down
-            pass
+        if self.held:
+            self.writing = True  # a flush asked for by signal meanwhile would tear this one
+            text = "\n".join(self.held) + "\n"
+            self.held, self.bytes = [], 0
+            try:
+                self.stream.write(text)
+                self.stream.flush()
+            except Exception:  # noqa: BLE001 - a closed stderr must not take the process down
+                pass
+            self.writing = False
+        if self.holding is not None:
+            self.holding[0] = 0  # written: a follower waiting on it writes its own now
 
     def flush(self) -> None:
         with self.lock:  # type: ignore[union-attr]
@@ -190,6 +220,47 @@ class HoldingHandler(logging.StreamHandler):  # type: ignore[type-arg]
         if not self.held:
             return None
         return self.since + self.hold - time.monotonic()
+
+    def lead(self) -> None:
+        """This process holds lines: the processes it forks from now on follow it."""
+        if self.holding is None or self.holder_pid != os.getpid():
+            self.holding, self.holder_pid = mmap.mmap(-1, 1), os.getpid()
+            self.leader = None
+        signal.signal(FLUSH_SIGNAL, _flush_on_signal)
+
+    def follow(self) -> None:
+        """In a process forked from a holder: write after the lines it holds."""
+        if self.holding is None or self.holder_pid == os.getpid():
+            return
+        self.leader, self.holding = self.holding, None
+        try:
+            self.leader_fd = os.pidfd_open(self.holder_pid)
+        except (AttributeError, OSError):  # no pidfd (old kernel, seccomp): its pid, below
+            self.leader_fd = None
+
+    def _wait_for_leader(self) -> None:
+        assert self.leader is not None
+        try:
+            if self.leader_fd is not None:
+                signal.pidfd_send_signal(self.leader_fd, FLUSH_SIGNAL)
+            elif os.getppid() == self.holder_pid:  # alive, so its pid is still its own
+                os.kill(self.holder_pid, FLUSH_SIGNAL)
+            else:
+                raise ProcessLookupError
+        except OSError:  # it is gone, and its lines with it
+            self.leader = None
+            return
+        until = time.monotonic() + FOLLOWER_WAIT
+        while self.leader[0] and time.monotonic() < until:
+            time.sleep(0.0002)
+
+
+def _flush_on_signal(signum: int, frame: Any) -> None:
+    # Runs in the main thread between two bytecodes of whatever it was doing; a write of
+    # held lines already under way clears the byte itself when it is done.
+    handler = _installed
+    if handler is not None and not handler.writing:
+        handler.flush()
 
 
 # What logging computes for every record (the caller's file and line by walking the stack,
@@ -212,10 +283,16 @@ _installed: HoldingHandler | None = None
 
 
 def hold(seconds: float) -> None:
-    """Hold INFO lines up to `seconds` (0: every line at once) in this process."""
+    """Hold INFO lines up to `seconds` (0: every line at once) in this process. Called in a
+    process forked from a holder, 0 makes it a follower (see HoldingHandler); in the main
+    thread, since a holder takes FLUSH_SIGNAL."""
     if _installed is not None:
         _installed.flush()
         _installed.hold = seconds
+        if seconds > 0:
+            _installed.lead()
+        else:
+            _installed.follow()
 
 
 def flush() -> None:

@@ -241,3 +241,23 @@ def test_a_slot_skips_the_record_fields_it_never_prints_and_a_runner_gets_them_b
         == "test_a_slot_skips_the_record_fields_it_never_prints_and_a_runner_gets_them_back"
     )
     assert runner.lineno > 0 and runner.process == os.getpid() and runner.threadName
+
+
+def test_log_lines_from_a_slot_and_its_runner_come_out_in_time_order(
+    qconn: Any, db_url: str, daemons: list[Daemon]
+) -> None:
+    """The slot holds its settlement lines (batches); the runner's handler logs at once. A
+    sliced handler's `page N` comes after the `continued` of the slice before it, as the
+    operator reads the log."""
+    daemon = Daemon(db_url, slots=1)
+    daemons.append(daemon)
+    daemon.start()
+    task_id = slotd.enqueue(qconn, "rt.logged_pages")
+    daemon.wait_line(rf"rt\.logged_pages#{task_id} attempt \d+: success")
+    ours = [
+        line
+        for line in daemon.lines
+        if f"task {task_id} page" in line or f"rt.logged_pages#{task_id} attempt" in line
+    ]
+    said = ["page" if " page " in line else line.split(": ", 1)[1].split()[0] for line in ours]
+    assert said == ["page", "continued"] * 3 + ["page", "success"], "\n".join(ours)

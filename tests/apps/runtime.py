@@ -4,6 +4,7 @@ in `executions` on its own connection, as an application's handler would write i
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import socket
@@ -446,3 +447,14 @@ class _SlowToInspect:
 def slow_return(task: slotd.Task, ctx: slotd.Context) -> Any:
     _record(task, "start")
     return _SlowToInspect(task)
+
+
+@registry.handler("rt.logged_pages", ceiling=timedelta(seconds=30))
+def logged_pages(task: slotd.Task, ctx: slotd.Context) -> bool:
+    """A sliced handler that logs each page it works on, as the README's would."""
+    cursor = task.payload.get("cursor", 0)
+    logging.getLogger("tests.pages").info("task %s page %s", task.id, cursor)
+    if cursor >= 3:
+        return True
+    ctx.advance_cursor({"cursor": cursor + 1})
+    return False
