@@ -219,7 +219,7 @@ def _run(
 
     cancelled = lambda: _State.cancelled  # noqa: E731
     ctx = Context(task, deadline, write_cursor, cancelled, write_cursor_async=write_cursor_async)
-    threads = threading.enumerate()  # those alive before the attempt are not its own
+    threads = _threads_before()
     # Not cleared here: a cancel that lands while the task is being received stays (the
     # slot clears a stale one with the "run" message; see slot.Slot._watch).
     _State.entered = False
@@ -262,6 +262,19 @@ def _run(
 
 
 _entered_handlers: dict[str, Handler] = {}  # by type, in this runner's life
+_threads: tuple[int, list[threading.Thread]] = (0, [])
+
+
+def _threads_before() -> list[threading.Thread]:
+    """The threads alive before an attempt, which are not its own. Listed again only when
+    their number changed (listing them on every task costs more than the rest of the
+    check); the same number with one ended and one started makes the new one look like the
+    attempt's, which costs a runner replacement at worst, never a thread left running."""
+    global _threads
+    count = threading.active_count()
+    if count != _threads[0]:
+        _threads = (count, threading.enumerate())
+    return _threads[1]
 
 
 def _cursor_reply(reply: tuple[Any, ...]) -> bool:
