@@ -27,10 +27,18 @@ from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-# The tasks of the attempt a task was created in (directly, or by a task of that attempt).
-_ATTEMPT: contextvars.ContextVar[weakref.WeakSet[asyncio.Task[Any]]] = contextvars.ContextVar(
-    "slotd_attempt"
-)
+
+class _Attempt:
+    """One handler call's asyncio tasks but its own: none made until it starts one."""
+
+    __slots__ = ("tasks",)
+
+    def __init__(self) -> None:
+        self.tasks: weakref.WeakSet[asyncio.Task[Any]] | None = None
+
+
+# The attempt a task was created in (directly, or by a task of that attempt's).
+_ATTEMPT: contextvars.ContextVar[_Attempt] = contextvars.ContextVar("slotd_attempt")
 
 
 class HandlerLoop:
@@ -38,7 +46,7 @@ class HandlerLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[Any] | None = None
         self._why: BaseException | None = None
-        self._attempt: weakref.WeakSet[asyncio.Task[Any]] | None = None  # the last call's
+        self._attempt: _Attempt | None = None  # the last call's, until end_attempt
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -56,11 +64,14 @@ class HandlerLoop:
             # busy, so the handler gets a thread and a loop of its own.
             with ThreadPoolExecutor(1, thread_name_prefix="slotd-handler") as pool:
                 return pool.submit(lambda: current().run(coro)).result()
-        loop = self.loop
-        attempt: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
-        context = contextvars.copy_context()
-        context.run(_ATTEMPT.set, attempt)
-        task = loop.create_task(coro, context=context)
+        loop, attempt = self.loop, _Attempt()
+        # The handler's task carries its attempt in its context (a copy of this one), and
+        # so does every task created from it; it is made past the factory: not its own.
+        token = _ATTEMPT.set(attempt)
+        try:
+            task = asyncio.Task(coro, loop=loop)
+        finally:
+            _ATTEMPT.reset(token)
         self._task, self._why, self._attempt = task, None, attempt
         try:
             return loop.run_until_complete(task)
@@ -77,21 +88,27 @@ class HandlerLoop:
         cancel every task it started and await them up to `grace` seconds, and True only if
         all of them ended. Otherwise its tasks are left running, and True."""
         attempt, self._attempt = self._attempt, None
-        if not stop or attempt is None or self._loop is None:
+        if not stop or attempt is None or attempt.tasks is None or self._loop is None:
             return True
-        loop, until = self._loop, time.monotonic() + grace
+        loop, until, tasks = self._loop, time.monotonic() + grace, attempt.tasks
         # A task may start another as it unwinds (a finally that spawns): look again.
-        while left := [t for t in attempt if not t.done()]:
+        while left := [t for t in tasks if not t.done()]:
             remaining = until - time.monotonic()
             if remaining <= 0:
                 return False
             for t in left:
                 t.cancel("the attempt that started it has ended")
             loop.run_until_complete(asyncio.wait(left, timeout=remaining))
-        for t in attempt:  # their errors died with the attempt: no "never retrieved" noise
+        for t in tasks:  # their errors died with the attempt: no "never retrieved" noise
             if not t.cancelled():
                 t.exception()
         return True
+
+    @property
+    def returned(self) -> bool:
+        """This attempt's call has come to its end (returned, raised, was cancelled), and
+        the attempt is not yet over: a deadline interrupt now is too late to matter."""
+        return self._task is None and self._attempt is not None
 
     def cancel(self, why: BaseException) -> bool:
         """Signal-safe: schedule the running call's cancellation, which will end it in `why`.
@@ -115,7 +132,9 @@ def _attributed(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> as
     context = kwargs.get("context")
     attempt = _ATTEMPT.get(None) if context is None else context.get(_ATTEMPT)
     if attempt is not None:
-        attempt.add(task)
+        if attempt.tasks is None:
+            attempt.tasks = weakref.WeakSet()
+        attempt.tasks.add(task)
     return task
 
 

@@ -61,31 +61,34 @@ def _on_cancel(signum: int, frame: Any) -> None:
 def _on_interrupt(signum: int, frame: Any) -> None:
     if _State.armed:
         _State.armed = False
-        if not aio.current().cancel(DeadlineExceeded(INTERRUPTED)) and not _returned(frame):
+        handlers = aio.current()
+        if handlers.cancel(DeadlineExceeded(INTERRUPTED)) or handlers.returned:
+            return  # an async handler: cancelled at its await, or it has returned
+        if not _returned(frame):
             raise DeadlineExceeded(INTERRUPTED)
 
 
 def _returned(frame: Any) -> bool:
-    """Whether the handler has returned: then the deadline interrupt is ignored, since its
-    result, built a moment later, is what the attempt did (a done task raised into here
-    would be a failure, and would run again). Not yet entered, or its frame (the `_enter`
-    wrapper's) still below the one interrupted: it is running, and is interrupted.
+    """Whether a sync handler has returned: then the deadline interrupt is ignored, since
+    its result, built a moment later, is what the attempt did (a done task raised into here
+    would be a failure, and would run again). Not yet entered, or its frame (`_Enter`'s)
+    still below the one interrupted: it is running, and is interrupted.
 
-    The wrapper's own frame on top is the moment right after the handler returned: between
+    `_Enter`'s own frame on top is the moment right after the handler returned: between
     setting `entered` and calling the handler no bytecode checks for signals."""
     if not _State.entered:
         return False
-    if frame is not None and frame.f_code in _ENTER_CODES:
+    if frame is not None and frame.f_code is _ENTER_CODE:
         return True
     while frame is not None:
-        if frame.f_code in _ENTER_CODES:
+        if frame.f_code is _ENTER_CODE:
             return False
         frame = frame.f_back
     return True
 
 
 class _Enter:
-    """The handler, marking `entered` as its first act (see _returned)."""
+    """A sync handler, marking `entered` as its first act (see _returned)."""
 
     def __init__(self, fn: Any) -> None:
         self.fn = fn
@@ -96,18 +99,12 @@ class _Enter:
         return self.fn(task, ctx)
 
 
-class _EnterAsync(_Enter):
-    async def __call__(self, task: Task, ctx: Context) -> Any:  # type: ignore[override]
-        _State.entered = True
-        return await self.fn(task, ctx)
-
-
-_ENTER_CODES = frozenset((_Enter.__call__.__code__, _EnterAsync.__call__.__code__))
+_ENTER_CODE = _Enter.__call__.__code__
 
 
 def _entering(handler: Handler) -> Handler:
-    enter = _EnterAsync if handler.is_async else _Enter
-    return dataclasses.replace(handler, fn=enter(handler.fn))
+    # An async handler needs no mark: its loop knows whether its call has ended.
+    return handler if handler.is_async else dataclasses.replace(handler, fn=_Enter(handler.fn))
 
 
 def fresh_registry(app: str) -> Registry:
