@@ -157,7 +157,7 @@ class HoldingHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
     Lines stay in time order across the processes a holder forks (a slot's runner, and what
     the handler forks): those follow it. A holder shows whether it holds lines in a byte of
-    shared memory (written once per batch, so the batching costs nothing more); a follower
+    shared memory (written twice per batch, so the batching costs nothing more); a follower
     about to write while it does asks the holder to write them first (FLUSH_SIGNAL) and
     waits for the byte to clear, so the `continued` a slot holds comes out before the
     `page 2` its runner logs next. What a follower's children print past logging, and the
@@ -169,10 +169,14 @@ class HoldingHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self.held: list[str] = []
         self.since = 0.0
         self.bytes = 0
-        self.holding: mmap.mmap | None = None  # the holder's byte: 1 while it holds lines
+        # The holder's bytes: 1 while it holds lines; the number of its batches, mod 256.
+        self.holding: mmap.mmap | None = None
         self.holder_pid = 0
-        self.leader: mmap.mmap | None = None  # a follower's: the byte of the holder it follows
+        self.leader: mmap.mmap | None = None  # a follower's: the bytes of the holder it follows
         self.leader_fd: int | None = None  # a pidfd of it (the pid when there is none)
+        # The batch (its number mod 256) the holder did not write when asked (stopped, or
+        # busy in a blocking call): the follower's next lines do not wait for it again.
+        self.late_for: int | None = None
         self.writing = False
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -181,7 +185,7 @@ class HoldingHandler(logging.StreamHandler):  # type: ignore[type-arg]
         except Exception:  # noqa: BLE001 - logging's own contract: report, never raise
             self.handleError(record)
             return
-        if self.leader is not None and self.leader[0]:
+        if self.leader is not None and self.leader[0] and self.leader[1] != self.late_for:
             self._wait_for_leader()
         if not self.held:
             self.since = time.monotonic()
@@ -208,7 +212,8 @@ class HoldingHandler(logging.StreamHandler):  # type: ignore[type-arg]
             except Exception:  # noqa: BLE001 - a closed stderr must not take the process down
                 pass
             self.writing = False
-        if self.holding is not None:
+        if self.holding is not None and self.holding[0]:
+            self.holding[1] = (self.holding[1] + 1) & 0xFF
             self.holding[0] = 0  # written: a follower waiting on it writes its own now
 
     def flush(self) -> None:
@@ -224,7 +229,7 @@ class HoldingHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def lead(self) -> None:
         """This process holds lines: the processes it forks from now on follow it."""
         if self.holding is None or self.holder_pid != os.getpid():
-            self.holding, self.holder_pid = mmap.mmap(-1, 1), os.getpid()
+            self.holding, self.holder_pid = mmap.mmap(-1, 2), os.getpid()
             self.leader = None
         signal.signal(FLUSH_SIGNAL, _flush_on_signal)
 
@@ -251,7 +256,10 @@ class HoldingHandler(logging.StreamHandler):  # type: ignore[type-arg]
             self.leader = None
             return
         until = time.monotonic() + FOLLOWER_WAIT
-        while self.leader[0] and time.monotonic() < until:
+        while self.leader[0]:
+            if time.monotonic() >= until:
+                self.late_for = self.leader[1]
+                return
             time.sleep(0.0002)
 
 
