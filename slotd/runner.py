@@ -223,7 +223,7 @@ def _run(
     _State.armed = True
     try:
         result = execute(handler, ctx, faults.before_handler if faults else None)
-    except DeadlineExceeded as exc:  # landed after the handler returned, before disarming
+    except DeadlineExceeded as exc:  # landed before execute's own try: never started
         result = Result(ERROR, str(exc), ctx.advanced, True)
     finally:
         _State.armed = False
