@@ -52,7 +52,9 @@ def test_an_async_attempt_that_ends_by_its_deadline_or_a_cancel_leaves_no_task_o
 ) -> None:
     """The ticker an attempt spawned is cancelled and awaited before the attempt is settled:
     it does not tick on during the next handler the runner's loop runs."""
-    daemon = Daemon(db_url, slots=1)
+    # The kill grace the cancel and its awaiting fit in on a loaded machine: a kill would
+    # end the runner, which the test asserts is kept.
+    daemon = Daemon(db_url, slots=1, env={"SLOTD_KILL_GRACE": "2s"})
     daemons.append(daemon)
     daemon.start()
     task_type = "rt.async_ticker" if ended_by == "deadline" else "rt.async_ticker_long"
@@ -106,7 +108,9 @@ def test_module_level_pools_and_background_tasks_keep_working_across_attempts(
     """What a successful attempt starts is left running: the connection pool, thread pool
     and heartbeat task the first attempt made serve every later one, a timed-out attempt of
     another task in between included (its cleanup cancels only what it started)."""
-    daemon = Daemon(db_url, slots=1)
+    # The kill grace the cancel and its awaiting fit in on a loaded machine: a kill would
+    # end the runner, which the test asserts is kept.
+    daemon = Daemon(db_url, slots=1, env={"SLOTD_KILL_GRACE": "2s"})
     daemons.append(daemon)
     daemon.start()
     first = [slotd.enqueue(qconn, "rt.async_pooled", {"n": n}) for n in range(2)]
