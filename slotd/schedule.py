@@ -16,6 +16,7 @@ Fire times are absolute instants that every replica derives alike, with no state
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -74,6 +75,14 @@ class Schedule:
     @property
     def payload_json(self) -> str:
         return json.dumps(self.payload, sort_keys=True)
+
+    @property
+    def fingerprint(self) -> str:
+        """A digest of the whole declaration: which declaration a schedule's row holds (two
+        versions of an application declaring one name differ here)."""
+        body = [self.task_type, self.expression, self.timezone, self.catch_up, self.overlap]
+        text = json.dumps([*body, self.payload], sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def key_for(self, fire_at: datetime) -> str:
         """Task.key of the task for `fire_at`: the schedule's name and the instant."""

@@ -42,6 +42,9 @@ MAX_SLEEP = 60.0  # re-check at least this often: a clock estimate is only an es
 class Row:
     anchor: datetime
     last: datetime | None
+    # The row holds this replica's declaration: only then does it fire the schedule (a
+    # newer declaration of the name, from another version of the application, won).
+    ours: bool = True
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,9 @@ class Evaluator:
         # manual mode advances it instead of waiting.
         self.offset = 0.0
         self.rows: dict[str, Row] = {}
+        # When (database clock) this evaluator first declared: its declarations' age, by
+        # which the newest declaration of a name wins (schedules_declare).
+        self.stamp: datetime | None = None
         # The database's clock, as last read, and the local monotonic instant it was read.
         self._db_at: datetime | None = None
         self._mono_at = 0.0
@@ -102,24 +108,30 @@ class Evaluator:
     # statements
 
     def declare(self, repo: Repository) -> None:
-        rows, db_now = repo.declare_schedules(
+        rows, self.stamp, db_now = repo.declare_schedules(
             self.replica_id,
             socket.gethostname(),
             os.getpid(),
             list(self.schedules.values()),
             self.offset,
+            self.stamp,
         )
         with self._lock:
-            for name, anchor, last in rows:
+            for name, anchor, last, ours, expression in rows:
                 if anchor is None:
                     self.rows.pop(name, None)  # created by another replica just now
-                else:
-                    self.rows[name] = Row(anchor, last)
+                    continue
+                before = self.rows.get(name)
+                self.rows[name] = Row(anchor, last, bool(ours))
+                if not ours and (before is None or before.ours):
+                    _log_superseded(self.schedules[name], expression)
         self._saw_clock(db_now)
 
     def plans(self, now: datetime) -> dict[str, Plan]:
         out = {}
         for name, row in self.rows.items():
+            if not row.ours:
+                continue
             due = plan(self.schedules[name], row.last, row.anchor, now)
             if due.due:
                 out[name] = due
@@ -141,17 +153,20 @@ class Evaluator:
 
     def _fire(self, repo: Repository, plans: dict[str, Plan], done: list[Fired]) -> bool:
         names = sorted(plans)
-        advances = [(n, self.rows[n].last, plans[n].new_last) for n in names]
+        advances = [(self.schedules[n], self.rows[n].last, plans[n].new_last) for n in names]
         fires = [(self.schedules[n], at) for n in names for at in plans[n].fires]
         result = repo.fire_schedules(advances, fires, self.max_attempts, self.offset)  # type: ignore[arg-type]
         refused = False
         seen = set()
         with self._lock:
-            for name, ours, last, task_ids, db_now in result:
+            for name, ours, declared, last, task_ids, db_now, expression in result:
                 seen.add(name)
                 self._saw_clock(db_now)
                 self.rows[name].last = last
-                if ours:
+                if not declared:  # replaced since our last declare: stop firing it
+                    self.rows[name].ours = False
+                    _log_superseded(self.schedules[name], expression)
+                elif ours:
                     done.append(Fired(name, plans[name].fires, task_ids))
                     _log_fire(name, plans[name], task_ids)
                 else:
@@ -166,12 +181,27 @@ class Evaluator:
         times = [
             self.schedules[name].next_after(row.last or row.anchor)
             for name, row in self.rows.items()
+            if row.ours
         ]
         return min(times) if times else None
 
     def snapshot(self) -> list[tuple[Schedule, Row]]:
         with self._lock:
-            return [(self.schedules[n], Row(r.anchor, r.last)) for n, r in self.rows.items()]
+            return [
+                (self.schedules[n], Row(r.anchor, r.last)) for n, r in self.rows.items() if r.ours
+            ]
+
+
+def _log_superseded(schedule: Schedule, expression: str | None) -> None:
+    held = f" ({expression})" if expression and expression != schedule.expression else ""
+    log.warning(
+        "schedule %s: another replica's newer declaration%s is in force; this replica does"
+        " not fire its own (%s) unless that one's replicas are gone",
+        schedule.name,
+        held,
+        schedule.expression,
+        extra={"schedule": schedule.name},
+    )
 
 
 def _log_fire(name: str, due: Plan, task_ids: list[int]) -> None:
@@ -180,6 +210,14 @@ def _log_fire(name: str, due: Plan, task_ids: list[int]) -> None:
         log.info(
             "schedule %s: fire at %s folded into its previous task, still live",
             name,
+            due.fires[-1].isoformat(),
+            extra=fields,
+        )
+    elif len(due.fires) > len(task_ids) and len(task_ids) == 1:
+        log.info(
+            "schedule %s: %d fire times folded into one task, at %s (overlap skip)",
+            name,
+            len(due.fires),
             due.fires[-1].isoformat(),
             extra=fields,
         )
@@ -226,8 +264,12 @@ class ScheduleThread(threading.Thread):
 
     def _connection(self) -> Repository:
         if self._repo is None:
-            conn = db.connect(self.url, role="slotd schedules")
-            self._repo = Repository.from_settings(self.settings, conn)
+            prepare = self.settings.prepare
+            conn = db.connect(self.url, role="slotd schedules", prepare=prepare)
+            repo = Repository.from_settings(self.settings, conn)
+            if db.session_is_ours(conn, prepare):
+                repo.bind_session()  # as the chores': one statement per write, not two
+            self._repo = repo
             self._next_declare = 0.0
         return self._repo
 

@@ -2,42 +2,98 @@
 -- with queries.sql by slotd/repository.py (predicates from there are spliced in as {name}).
 
 -- name: schedules_declare
--- A replica's schedule thread, at start and every 30 s: create the rows it declares
--- (existing ones are rewritten only when the declaration changed, so a steady fleet writes
--- no schedule row here), record which schedules it declares, and read what it must know to
--- plan: each row's anchor and last fire, and the database's clock.
+-- A replica's schedule thread, at start and every 30 s: create the rows it declares, record
+-- which schedules it declares, and read what it must know to plan: each row's anchor and
+-- last fire, whether the row holds this replica's declaration, and the database's clock.
+-- A steady fleet (one declaration per name) writes no schedule row here.
+--
+-- Newest declaration wins. Each replica stamps its declarations with the database's clock
+-- at its first declare (`stamp`, kept for the replica's life). A row holding another
+-- declaration (another fingerprint) is rewritten with this one only when this one is newer,
+-- when the row has no stamp (an older release wrote it), when no other live replica
+-- declares what the row holds (its version is gone: the newest live one takes over, at its
+-- next declare), or when the row carries this replica's fingerprint with other columns (an
+-- older release rewrote them). So during a rolling deploy the new version's declaration
+-- takes the row at its first declare and the old replicas stop firing; a rollback's fresh
+-- replicas take it back the same way.
+--
+-- A rewrite that changes the fire times (expression or zone) restarts the schedule from now,
+-- as a new schedule starts: no catch-up of fire times the new expression would have had
+-- while the old one was in force. last_task_id stays: overlap "skip" still sees the old
+-- expression's task while it is live.
 WITH input AS (
     SELECT * FROM unnest(%(names)s::text[], %(types)s::text[], %(expressions)s::text[],
-                         %(zones)s::text[], %(catch_ups)s::text[])
-        AS i(name, task_type, expression, timezone, catch_up)
+                         %(zones)s::text[], %(catch_ups)s::text[], %(fingerprints)s::text[])
+        AS i(name, task_type, expression, timezone, catch_up, fingerprint)
+), stamp AS (
+    SELECT coalesce(%(stamp)s::timestamptz, now() + make_interval(secs => %(offset_s)s))
+        AS declared_at
 ), upsert AS (
-    INSERT INTO slotd_schedules AS s (name, task_type, expression, timezone, catch_up, anchor_at)
+    INSERT INTO slotd_schedules AS s (name, task_type, expression, timezone, catch_up,
+                                      anchor_at, fingerprint, declared_at)
     SELECT i.name, i.task_type, i.expression, i.timezone, i.catch_up,
-           now() + make_interval(secs => %(offset_s)s)
-    FROM input i
+           now() + make_interval(secs => %(offset_s)s), i.fingerprint, st.declared_at
+    FROM input i CROSS JOIN stamp st
     ORDER BY i.name
     ON CONFLICT (name) DO UPDATE
     SET task_type = excluded.task_type, expression = excluded.expression,
-        timezone = excluded.timezone, catch_up = excluded.catch_up
-    WHERE (s.task_type, s.expression, s.timezone, s.catch_up) IS DISTINCT FROM
-          (excluded.task_type, excluded.expression, excluded.timezone, excluded.catch_up)
-    RETURNING s.name, s.anchor_at, s.last_fire_at
+        timezone = excluded.timezone, catch_up = excluded.catch_up,
+        fingerprint = excluded.fingerprint, declared_at = excluded.declared_at,
+        anchor_at = CASE WHEN (s.expression, s.timezone)
+                              IS DISTINCT FROM (excluded.expression, excluded.timezone)
+                         THEN excluded.anchor_at ELSE s.anchor_at END,
+        last_fire_at = CASE WHEN (s.expression, s.timezone)
+                                 IS DISTINCT FROM (excluded.expression, excluded.timezone)
+                            THEN NULL ELSE s.last_fire_at END
+    WHERE (s.fingerprint, s.task_type, s.expression, s.timezone, s.catch_up) IS DISTINCT FROM
+          (excluded.fingerprint, excluded.task_type, excluded.expression, excluded.timezone,
+           excluded.catch_up)
+      AND (s.declared_at IS NULL
+           OR excluded.declared_at > s.declared_at
+           OR s.fingerprint = excluded.fingerprint
+           OR NOT EXISTS (
+               SELECT 1 FROM slotd_schedule_declarations r
+               CROSS JOIN LATERAL unnest(r.schedules, r.fingerprints) AS x(name, fingerprint)
+               WHERE r.replica_id <> %(replica_id)s
+                 AND r.seen_at >= now() - interval '1 minute'
+                 AND x.name = s.name AND x.fingerprint = s.fingerprint))
+    RETURNING s.name, s.anchor_at, s.last_fire_at, s.fingerprint, s.task_type, s.expression,
+              s.timezone, s.catch_up
 ), declared AS (
-    INSERT INTO slotd_schedule_declarations AS r (replica_id, hostname, pid, schedules)
-    VALUES (%(replica_id)s, %(hostname)s, %(pid)s, %(names)s::text[])
-    ON CONFLICT (replica_id) DO UPDATE SET seen_at = now(), schedules = excluded.schedules
+    INSERT INTO slotd_schedule_declarations AS r (replica_id, hostname, pid, schedules,
+                                                  fingerprints)
+    VALUES (%(replica_id)s, %(hostname)s, %(pid)s, %(names)s::text[], %(fingerprints)s::text[])
+    ON CONFLICT (replica_id) DO UPDATE
+    SET seen_at = now(), schedules = excluded.schedules, fingerprints = excluded.fingerprints
 ), pruned AS (
     DELETE FROM slotd_schedule_declarations WHERE seen_at < now() - interval '10 minutes'
+), rows AS (
+    -- A row another replica created after this statement's snapshot reads as NULL here; the
+    -- caller declares again (a new statement sees it).
+    SELECT i.*, u.name IS NOT NULL AS written, s.name IS NOT NULL AS found,
+           CASE WHEN u.name IS NOT NULL THEN u.anchor_at ELSE s.anchor_at END AS anchor_at,
+           CASE WHEN u.name IS NOT NULL THEN u.last_fire_at ELSE s.last_fire_at END
+               AS last_fire_at,
+           CASE WHEN u.name IS NOT NULL
+                THEN (u.fingerprint, u.task_type, u.expression, u.timezone, u.catch_up)
+                ELSE (s.fingerprint, s.task_type, s.expression, s.timezone, s.catch_up)
+           END AS held,
+           CASE WHEN u.name IS NOT NULL THEN u.expression ELSE s.expression END
+               AS held_expression
+    FROM input i
+    LEFT JOIN upsert u ON u.name = i.name
+    LEFT JOIN slotd_schedules s ON s.name = i.name
 )
--- A row another replica created after this statement's snapshot reads as NULL here; the
--- caller declares again (a new statement sees it). offset_s is 0 but in the pytest
--- plugin's manual mode, whose clock is the frozen now() plus the time advanced.
-SELECT i.name, coalesce(u.anchor_at, s.anchor_at) AS anchor_at,
-       CASE WHEN u.name IS NOT NULL THEN u.last_fire_at ELSE s.last_fire_at END AS last_fire_at,
+-- offset_s is 0 but in the pytest plugin's manual mode, whose clock is the frozen now()
+-- plus the time advanced.
+SELECT r.name, CASE WHEN r.written OR r.found THEN r.anchor_at END AS anchor_at,
+       r.last_fire_at,
+       r.held IS NOT DISTINCT FROM
+           (r.fingerprint, r.task_type, r.expression, r.timezone, r.catch_up) AS ours,
+       r.held_expression,
+       (SELECT declared_at FROM stamp) AS stamp,
        now() + make_interval(secs => %(offset_s)s) AS db_now
-FROM input i
-LEFT JOIN upsert u ON u.name = i.name
-LEFT JOIN slotd_schedules s ON s.name = i.name
+FROM rows r
 
 -- name: schedules_fire
 -- Fire times become tasks. For each schedule the caller planned from the row's last fire
@@ -46,33 +102,47 @@ LEFT JOIN slotd_schedules s ON s.name = i.name
 -- same statement, so the same transaction, as the tasks are inserted. Two replicas, a stale
 -- one, or one killed mid-statement can therefore never enqueue a fire time twice, and an
 -- advance that committed always has its tasks. A refused schedule reports the row's current
--- last fire so the caller plans again from it.
+-- last fire so the caller plans again from it, and whether the row still holds the caller's
+-- declaration (its fingerprint and fire times: see schedules_declare); a replica whose
+-- declaration another one replaced never fires it.
 WITH due AS (
     SELECT * FROM unnest(%(names)s::text[], %(expected)s::timestamptz[],
-                         %(new_last)s::timestamptz[])
-        AS d(name, expected, new_last)
+                         %(new_last)s::timestamptz[], %(fingerprints)s::text[],
+                         %(expressions)s::text[], %(zones)s::text[])
+        AS d(name, expected, new_last, fingerprint, expression, timezone)
 ), cur AS MATERIALIZED (
     -- Locked in name order, so replicas firing overlapping sets queue instead of
     -- deadlocking; FOR UPDATE reads each row's latest committed version, newer than this
     -- statement's snapshot when another replica just advanced it.
-    SELECT s.name, s.last_fire_at, s.last_task_id,
-           (s.last_fire_at IS NOT DISTINCT FROM d.expected
+    SELECT s.name, s.last_fire_at, s.last_task_id, c.declared, s.expression,
+           (c.declared AND s.last_fire_at IS NOT DISTINCT FROM d.expected
             AND d.new_last <= now() + make_interval(secs => %(offset_s)s)) AS ours
     FROM slotd_schedules s
     JOIN due d ON d.name = s.name
+    CROSS JOIN LATERAL (
+        SELECT (s.fingerprint, s.expression, s.timezone)
+               IS NOT DISTINCT FROM (d.fingerprint, d.expression, d.timezone) AS declared
+    ) c
     ORDER BY s.name
     FOR UPDATE OF s
-), fires AS MATERIALIZED (
-    -- The overlap rule "skip": a fire time whose schedule's previous task is still live
-    -- (due, running or backing off) enqueues nothing; the row advances all the same.
-    SELECT f.name, f.fire_at, f.task_type, f.payload, f.key,
-           nextval(pg_get_serial_sequence('slotd_tasks', 'id')) AS new_id
+), planned AS (
+    SELECT f.*, f.fire_at = max(f.fire_at) OVER (PARTITION BY f.name) AS newest
     FROM unnest(%(f_names)s::text[], %(f_at)s::timestamptz[], %(f_types)s::text[],
                 %(f_payloads)s::jsonb[], %(f_keys)s::text[], %(f_skip_live)s::boolean[])
         AS f(name, fire_at, task_type, payload, key, skip_live)
+), fires AS MATERIALIZED (
+    -- The overlap rule "skip": at most one live task per schedule, whatever the stall. A
+    -- fire whose schedule's previous task is still live (due, running or backing off)
+    -- enqueues nothing, and of a batch of due fire times (late ones after a stall, or a
+    -- catch-up) only the most recent is enqueued: the others fold into it, as a fire
+    -- while its task is live would. The row advances past all of them all the same.
+    SELECT f.name, f.fire_at, f.task_type, f.payload, f.key,
+           nextval(pg_get_serial_sequence('slotd_tasks', 'id')) AS new_id
+    FROM planned f
     JOIN cur c ON c.name = f.name AND c.ours
-    WHERE NOT (f.skip_live AND EXISTS (
-        SELECT 1 FROM slotd_tasks t WHERE t.id = c.last_task_id AND {live}))
+    WHERE NOT f.skip_live
+       OR (f.newest AND NOT EXISTS (
+               SELECT 1 FROM slotd_tasks t WHERE t.id = c.last_task_id AND {live}))
 ), ins AS (
     -- run_at is the fire time itself, not the moment of this write (manual mode: on the
     -- queue's frozen clock, like every row it moves back).
@@ -107,10 +177,10 @@ WITH due AS (
         SELECT pg_notify('slotd_wake', '') FROM (SELECT 1 FROM ins LIMIT 1) one
     ) sent
 )
-SELECT c.name, c.ours,
+SELECT c.name, c.ours, c.declared,
        CASE WHEN c.ours THEN d.new_last ELSE c.last_fire_at END AS last_fire_at,
        coalesce(e.ids, '{}') AS task_ids,
-       now() + make_interval(secs => %(offset_s)s) AS db_now
+       now() + make_interval(secs => %(offset_s)s) AS db_now, c.expression
 FROM cur c
 JOIN due d ON d.name = c.name
 LEFT JOIN enqueued e ON e.name = c.name

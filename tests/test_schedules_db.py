@@ -52,7 +52,7 @@ def test_a_fire_enqueues_the_fire_time_as_run_at_with_the_schedule_key(
     assert len(fired) == 1 and len(fired[0].task_ids) >= 1
     rows = tasks(conn)
     fire_times = fired[0].fire_times
-    assert [r[2] for r in rows] == fire_times
+    assert [r[2] for r in rows] == fire_times[-1:]  # overlap "skip": a batch is one task
     for task_type, key, run_at, payload in rows:
         assert run_at.microsecond == 0  # a whole second: the fire time, not the write time
         assert task_type == "audit" and payload == {"n": 1}
@@ -182,20 +182,49 @@ def test_a_pruned_row_is_declared_again(conn: psycopg.Connection[Any], repo: Rep
     assert ev.complete
 
 
-@pytest.mark.parametrize("policy", ["skip", "latest", "all"])
+@pytest.mark.parametrize(
+    ("policy", "overlap", "enqueued"),
+    [("skip", "allow", 0), ("latest", "allow", 1), ("all", "allow", 5), ("all", "skip", 1)],
+)
 def test_catch_up_is_applied_by_the_statement_path(
-    conn: psycopg.Connection[Any], repo: Repository, policy: str
+    conn: psycopg.Connection[Any], repo: Repository, policy: str, overlap: str, enqueued: int
 ) -> None:
     reg = slotd.Registry()
     reg.register("audit", lambda task, ctx: None, ceiling=timedelta(minutes=1))
-    reg.schedule("hourly", task_type="audit", every=timedelta(hours=1), catch_up=policy)
+    reg.schedule(
+        "hourly", task_type="audit", every=timedelta(hours=1), catch_up=policy, overlap=overlap
+    )
     ev = Evaluator(reg.schedules, "r", 20)
     ev.declare(repo)
     rewind(conn, 5 * 3600)  # the fleet was stopped for five hours
     ev.declare(repo)
     fired = ev.fire_due(repo, db_now(conn))
-    count = len(tasks(conn))
-    assert count == {"skip": 0, "latest": 1, "all": 5}[policy], fired
+    assert len(tasks(conn)) == enqueued, fired
+
+
+def test_a_day_of_missed_fire_times_under_skip_is_one_live_task_for_the_latest(
+    conn: psycopg.Connection[Any], repo: Repository
+) -> None:
+    # catch_up="all" of a 5-minute schedule after a day down plans 288 fire times; under
+    # overlap "skip" they fold into one task, for the most recent, and the row moves past
+    # all of them.
+    reg = slotd.Registry()
+    reg.register("audit", lambda task, ctx: None, ceiling=timedelta(minutes=1))
+    reg.schedule("sweep", task_type="audit", every=timedelta(minutes=5), catch_up="all")
+    ev = Evaluator(reg.schedules, "r", 20)
+    ev.declare(repo)
+    rewind(conn, 24 * 3600)
+    ev.declare(repo)
+    (fired,) = ev.fire_due(repo, db_now(conn))
+    assert len(fired.fire_times) >= 287 and fired.task_ids and len(fired.task_ids) == 1
+    rows = tasks(conn)
+    assert [r[2] for r in rows] == [fired.fire_times[-1]]
+    last = conn.execute("SELECT last_fire_at FROM slotd_schedules").fetchone()
+    assert last == (fired.fire_times[-1],)
+    # Its task still live, the next fire time folds into it.
+    ev.offset += 300
+    (second,) = ev.fire_due(repo, db_now(conn) + timedelta(seconds=ev.offset))
+    assert second.task_ids == [] and len(tasks(conn)) == 1
 
 
 def test_metrics_show_the_last_fire_and_a_lag_that_grows_while_nothing_fires(

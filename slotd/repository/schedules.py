@@ -21,42 +21,53 @@ class Schedules(Lanes):
         pid: int,
         schedules: Sequence[Any],
         offset: float = 0.0,
-    ) -> tuple[list[tuple[str, datetime | None, datetime | None]], datetime]:
-        """Create the rows of `schedules` (slotd.schedule.Schedule) that do not exist and
-        record that this replica declares them. Returns (name, anchor_at, last_fire_at)
-        per schedule -- anchor None: created concurrently, declare again -- and the
-        database's clock (plus `offset` seconds: the pytest plugin's advanced time)."""
+        stamp: datetime | None = None,
+    ) -> tuple[list[tuple[Any, ...]], datetime | None, datetime | None]:
+        """Create the rows of `schedules` (slotd.schedule.Schedule) that do not exist, take
+        over the rows whose declaration this one supersedes (see schedules_declare), and
+        record that this replica declares them. Returns (name, anchor_at, last_fire_at,
+        ours, the row's expression) per schedule -- anchor None: created concurrently,
+        declare again; ours: the row holds this declaration -- the replica's declaration
+        stamp (`stamp`, or the database's clock on the first call) and the database's clock
+        (plus `offset` seconds: the pytest plugin's advanced time)."""
         params = {
             "offset_s": offset,
+            "stamp": stamp,
             "names": [sc.name for sc in schedules],
             "types": [sc.task_type for sc in schedules],
             "expressions": [sc.expression for sc in schedules],
             "zones": [sc.timezone for sc in schedules],
             "catch_ups": [sc.catch_up for sc in schedules],
+            "fingerprints": [sc.fingerprint for sc in schedules],
             "replica_id": replica_id,
             "hostname": hostname,
             "pid": pid,
         }
         _, rows = self._write("schedules_declare", params)
-        now = rows[0][3] if rows else None
-        return [(name, anchor, last) for name, anchor, last, _ in rows], now  # type: ignore[return-value]
+        if not rows:
+            return [], stamp, None
+        return [tuple(row[:5]) for row in rows], rows[0][5], rows[0][6]
 
     def fire_schedules(
         self,
-        advances: Sequence[tuple[str, datetime | None, datetime]],
+        advances: Sequence[tuple[Any, datetime | None, datetime]],
         fires: Sequence[tuple[Any, datetime]],
         max_attempts: int,
         offset: float = 0.0,
-    ) -> list[tuple[str, bool, datetime | None, list[int], datetime]]:
-        """Advance each (name, expected last fire, new last fire) by compare-and-set and
-        insert the tasks of `fires` ((Schedule, fire time), oldest first) of the schedules
-        that advanced, in one statement. Returns per schedule (name, advanced, its last
-        fire now, the ids enqueued, the database's clock); a name missing from the result
-        has no row (pruned): declare again."""
+    ) -> list[tuple[str, bool, bool, datetime | None, list[int], datetime, str]]:
+        """Advance each (Schedule, expected last fire, new last fire) by compare-and-set
+        and insert the tasks of `fires` ((Schedule, fire time), oldest first) of the
+        schedules that advanced, in one statement. Returns per schedule (name, advanced,
+        the row still holds this declaration, its last fire now, the ids enqueued, the
+        database's clock, the row's expression); a name missing from the result has no row
+        (pruned): declare again."""
         params = {
-            "names": [name for name, _, _ in advances],
+            "names": [sc.name for sc, _, _ in advances],
             "expected": [expected for _, expected, _ in advances],
             "new_last": [new_last for _, _, new_last in advances],
+            "fingerprints": [sc.fingerprint for sc, _, _ in advances],
+            "expressions": [sc.expression for sc, _, _ in advances],
+            "zones": [sc.timezone for sc, _, _ in advances],
             "f_names": [sc.name for sc, _ in fires],
             "f_at": [at for _, at in fires],
             "f_types": [sc.task_type for sc, _ in fires],
@@ -67,7 +78,10 @@ class Schedules(Lanes):
             "offset_s": offset,
         }
         _, rows = self._write("schedules_fire", params)
-        return [(name, ours, last, list(ids), now) for name, ours, last, ids, now in rows]
+        return [
+            (name, ours, declared, last, list(ids), now, expression)
+            for name, ours, declared, last, ids, now, expression in rows
+        ]
 
     def schedules_gone(self, replica_id: str) -> None:
         self.write.execute(_sql("schedules_gone"), {"replica_id": replica_id})
