@@ -132,7 +132,24 @@ def connect(
     conn = proc.track(psycopg.connect(url, **params))
     if prepare == "off" or (prepare == "auto" and _auto_unprepared(conn)):
         conn.prepare_threshold = None
+    _read_committed(conn, prepare)
     return conn
+
+
+def _read_committed(conn: psycopg.Connection[Any], prepare: str) -> None:
+    """slotd's transactions run at READ COMMITTED whatever the database's, role's or
+    pooler's default: the limits' claim relies on it (sql/queries.sql,
+    read_committed_session). An explicit transaction says so in its BEGIN (psycopg sends
+    the connection's isolation level with it); the implicit ones of an autocommit
+    pipeline get it from the session on a direct connection, set here once, and behind a
+    transaction-mode pooler from the write's own SET LOCAL (Repository)."""
+    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+    try:
+        if session_is_ours(conn, prepare):
+            repository.read_committed_session(conn)
+    except BaseException:
+        conn.close()
+        raise
 
 
 def _auto_unprepared(conn: psycopg.Connection[Any]) -> bool:

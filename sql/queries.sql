@@ -119,15 +119,36 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, true),
 -- name: bind_session
 -- The same bounds for a whole session: a slot's own direct connection (Repository.bind_session),
 -- never one behind a transaction-mode pooler, where a session setting outlives the transaction
--- on whichever server connection ran it.
+-- on whichever server connection ran it. With them the session's isolation: see
+-- read_committed_session.
 SELECT set_config('statement_timeout', %(statement_timeout)s, false),
-       set_config('lock_timeout', %(lock_timeout)s, false)
+       set_config('lock_timeout', %(lock_timeout)s, false),
+       set_config('default_transaction_isolation', 'read committed', false)
 
 -- name: bind_session_async
 -- bind_session with SLOTD_SYNCHRONOUS_COMMIT=off: see bound_async.
 SELECT set_config('statement_timeout', %(statement_timeout)s, false),
        set_config('lock_timeout', %(lock_timeout)s, false),
+       set_config('default_transaction_isolation', 'read committed', false),
        set_config('synchronous_commit', 'off', false)
+
+-- name: read_committed_session
+-- Every queue write runs at READ COMMITTED, whatever the database's, the role's or the
+-- pooler's default_transaction_isolation: a limited claim's statement must take a fresh
+-- snapshot after its lock (see claim_lock), and FOR UPDATE / SKIP LOCKED re-check a row
+-- another transaction changed instead of failing with a serialization error. Under
+-- REPEATABLE READ the snapshot is taken at the transaction's first statement, before the
+-- lock, and two slots woken together both see the last place free. On a direct connection
+-- this is set once for the session (db.connect, Repository.bind_session): no statement
+-- per write.
+SELECT set_config('default_transaction_isolation', 'read committed', false)
+
+-- name: read_committed_local
+-- The same for one write behind a transaction-mode pooler, where a session setting would
+-- land on some other client's server connection: the first statement of the write's
+-- pipeline, before anything takes a snapshot (a SET takes none; a SELECT would, and the
+-- isolation level can no longer change after it).
+SET LOCAL transaction_isolation TO 'read committed'
 
 -- name: enqueue
 -- One statement: dedupe against live rows, insert, and fire the wake. pg_notify inside

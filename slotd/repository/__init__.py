@@ -73,6 +73,7 @@ from slotd.repository.sessions import (
     listen_control,
     notify_selftest,
     ping,
+    read_committed_session,
     waiting_for,
 )
 from slotd.repository.testmodes import Inspection
@@ -117,6 +118,7 @@ __all__ = [
     "pause_type",
     "paused_types",
     "ping",
+    "read_committed_session",
     "resume_type",
     "schema_present",
     "sql_dir",

@@ -110,6 +110,8 @@ class Lanes:
         # 1.0 ms per task (discover/claim/dequeue, serial, fsync on).
         with conn.pipeline():
             if not self.session_bound:
+                # A pooled session's isolation is not ours to set: this write's own.
+                conn.execute(_sql("read_committed_local"))
                 conn.execute(bound, self._bounds)
             if lock_types:  # same transaction, before the claim: see claim_lock
                 conn.execute(_sql("claim_lock"), {"lock_types": list(lock_types)})

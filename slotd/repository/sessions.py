@@ -12,6 +12,12 @@ from slotd.repository.named import _sql
 WAKE_CHANNEL = "slotd_wake"
 
 
+def read_committed_session(conn: psycopg.Connection[Any]) -> None:
+    """This direct connection's transactions run at READ COMMITTED, whatever the database's
+    or role's default (see read_committed_session in sql/queries.sql)."""
+    conn.execute(_sql("read_committed_session"))
+
+
 def ping(conn: psycopg.Connection[Any]) -> None:
     conn.execute(_sql("ping"))
 
