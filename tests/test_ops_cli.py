@@ -86,9 +86,27 @@ def test_enqueue_with_delay_and_no_payload(cli: Any, conn: psycopg.Connection[An
     assert row(conn, task_id)[2] == {}  # type: ignore[index]
 
 
+def test_enqueue_takes_priority_and_group(cli: Any, conn: psycopg.Connection[Any]) -> None:
+    result = cli("enqueue", "audit", "--priority", "10", "--group", "org:42")
+    assert result.exit_code == 0, result.output
+    found = conn.execute(
+        "SELECT priority, task_group, extract(epoch FROM run_at - order_at) FROM slotd_tasks"
+        " WHERE id = %s",
+        (int(result.stdout),),
+    ).fetchone()
+    assert found == (10, "org:42", 10)  # ten points of 1 s: ordered 10 s earlier
+    plain = cli("enqueue", "audit")
+    assert conn.execute(
+        "SELECT priority, task_group FROM slotd_tasks WHERE id = %s", (int(plain.stdout),)
+    ).fetchone() == (0, None)
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
+        (("audit", "--priority", "101"), "--priority"),
+        (("audit", "--priority", "high"), "--priority"),
+        (("audit", "--group", " "), "bad --group"),
         (("audit", "{not json"), "not JSON"),
         (("audit", "[1, 2]"), "JSON object"),
         (("audit", '{"x": NaN}'), "NaN"),

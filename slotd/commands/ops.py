@@ -219,6 +219,13 @@ def _running(count: int, limit: tuple[int | None, int | None] | None) -> str | i
     type=click.IntRange(min=1),
     help="Pin this task's dead-letter threshold (else the claiming worker's).",
 )
+@click.option(
+    "--priority",
+    type=click.IntRange(-100, 100),
+    default=0,
+    help="-100..100, higher sooner: a head start of priority x SLOTD_PRIORITY_STEP.",
+)
+@click.option("--group", help="What the type's max_running_per_group counts (e.g. org:42).")
 @click.pass_context
 def enqueue(
     ctx: click.Context,
@@ -227,6 +234,8 @@ def enqueue(
     delay: str | None,
     key: str | None,
     max_attempts: int | None,
+    priority: int,
+    group: str | None,
 ) -> None:
     """Add one task and commit it; prints its id (or the live task's id with that key)."""
     name = _task_type(task_type) or task_type
@@ -248,9 +257,18 @@ def enqueue(
         except TypeError as exc:
             raise ConfigError(f"bad {exc}") from None
     wait = _duration(delay, "--delay")
+    if group is not None and not group.strip():
+        raise ConfigError("bad --group: empty (leave it out for a task without a group)")
     with _repository(ctx, "enqueue") as repo, repo.write.transaction():
         task_id = enqueue_task(
-            repo.write, name, body, delay=wait, key=key, max_attempts=max_attempts
+            repo.write,
+            name,
+            body,
+            delay=wait,
+            key=key,
+            max_attempts=max_attempts,
+            priority=priority,
+            group=group,
         )
     click.echo(str(task_id))
 
