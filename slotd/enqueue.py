@@ -55,16 +55,23 @@ def _attempts(max_attempts: int | None) -> dict[str, Any]:
 
 
 def enqueue_many(
-    conn: Any, items: Iterable[NewTask | tuple[Any, ...]], *, max_attempts: int | None = None
+    conn: Any,
+    items: Iterable[NewTask | tuple[Any, ...]],
+    *,
+    max_attempts: int | None = None,
+    unique: str = "live",
 ) -> list[int]:
     """Write tasks in the caller's transaction; slotd never commits it. The wake is sent by
     the same statement, so it reaches the workers only if the transaction commits.
 
     `conn`: a psycopg Connection or Cursor, or a SQLAlchemy Session or Connection on the
-    psycopg driver (the rows join the session's transaction: its commit commits them)."""
+    psycopg driver (the rows join the session's transaction: its commit commits them).
+
+    `unique` (for keyed items; a NewTask's own `unique` wins): "live" dedupes against a
+    pending or running task with the key, "pending" only against one not started yet."""
     target = sync_target(conn, "slotd.enqueue_many")
     ids = repository.enqueue_many(
-        target, items, **_attempts(max_attempts), priority_step=priority_step()
+        target, items, **_attempts(max_attempts), priority_step=priority_step(), unique=unique
     )
     _announce(target, ids)
     return ids
@@ -80,23 +87,29 @@ def enqueue(
     max_attempts: int | None = None,
     priority: int = 0,
     group: str | None = None,
+    unique: str = "live",
 ) -> int:
-    """Write one task and return its id, or the id of the live row with the same key.
-    `priority` (-100..100, higher sooner) is a head start of priority x SLOTD_PRIORITY_STEP;
-    `group` is what max_running_per_group counts."""
+    """Write one task and return its id, or the id of the live row with the same key
+    (unique="pending": of the row with the key that has not started; a running one lets
+    this one queue behind it). `priority` (-100..100, higher sooner) is a head start of
+    priority x SLOTD_PRIORITY_STEP; `group` is what max_running_per_group counts."""
     target = sync_target(conn, "slotd.enqueue")
-    new = NewTask(task_type, payload, delay, key, priority, group)
+    new = NewTask(task_type, payload, delay, key, priority, group, unique)
     return enqueue_many(target, [new], max_attempts=max_attempts)[0]
 
 
 async def enqueue_many_async(
-    conn: Any, items: Iterable[NewTask | tuple[Any, ...]], *, max_attempts: int | None = None
+    conn: Any,
+    items: Iterable[NewTask | tuple[Any, ...]],
+    *,
+    max_attempts: int | None = None,
+    unique: str = "live",
 ) -> list[int]:
     """enqueue_many from asyncio: a psycopg AsyncConnection or AsyncCursor, or a SQLAlchemy
     AsyncSession or AsyncConnection on the psycopg driver. Same statement, same rules."""
     target = await async_target(conn, "slotd.enqueue_many_async")
     ids = await repository.enqueue_many_async(
-        target, items, **_attempts(max_attempts), priority_step=priority_step()
+        target, items, **_attempts(max_attempts), priority_step=priority_step(), unique=unique
     )
     _announce(target, ids)
     return ids
@@ -112,8 +125,9 @@ async def enqueue_async(
     max_attempts: int | None = None,
     priority: int = 0,
     group: str | None = None,
+    unique: str = "live",
 ) -> int:
     """enqueue from asyncio; see enqueue_many_async."""
     target = await async_target(conn, "slotd.enqueue_async")
-    new = NewTask(task_type, payload, delay, key, priority, group)
+    new = NewTask(task_type, payload, delay, key, priority, group, unique)
     return (await enqueue_many_async(target, [new], max_attempts=max_attempts))[0]

@@ -34,6 +34,11 @@
 -- of its key makes a new task rather than returning the one about to become a dead letter.
 (t.attempt_count < t.max_attempts OR ({lease_live} AND t.cancelled_at IS NULL))
 
+-- fragment: task_key
+-- A task's key as its handler and operators see it: a unique="pending" row keeps it in
+-- started_key once claimed (sql/016), out of the dedupe index.
+coalesce(t.key, t.started_key)
+
 -- fragment: retired_at
 -- When a dead letter stopped: its cancel, else its last attempt (a task cancelled before it
 -- ever ran has no attempt). Retention and the listing measure from here.
@@ -156,13 +161,16 @@ SET LOCAL transaction_isolation TO 'read committed'
 -- collapse, so a thousand rows cost one wake.
 WITH input AS (
     SELECT i.ord, i.task_type, i.payload, i.key, i.delay_s, i.priority, i.task_group, i.lead_s,
+           coalesce(i.pending, false) AS pending,
            nextval(pg_get_serial_sequence('slotd_tasks', 'id')) AS new_id
     FROM unnest(%(types)s::text[], %(payloads)s::jsonb[], %(keys)s::text[],
                 %(delays)s::float8[], %(priorities)s::smallint[], %(groups)s::text[],
-                %(leads)s::float8[])
-         WITH ORDINALITY AS i(task_type, payload, key, delay_s, priority, task_group, lead_s, ord)
-), existing AS (
-    -- One index look-up per keyed input row; unkeyed rows never touch the table here.
+                %(leads)s::float8[], %(pending)s::boolean[])
+         WITH ORDINALITY AS i(task_type, payload, key, delay_s, priority, task_group, lead_s,
+                              pending, ord)
+), existing_live AS (
+    -- unique="live": any live row with the key. One index look-up per keyed input row;
+    -- unkeyed rows never touch the table here.
     SELECT i.ord, found.id
     FROM input i
     CROSS JOIN LATERAL (
@@ -170,13 +178,32 @@ WITH input AS (
         WHERE t.task_type = i.task_type AND t.key = i.key AND {live}
         ORDER BY t.id LIMIT 1
     ) found
-    WHERE i.key IS NOT NULL
+    WHERE i.key IS NOT NULL AND NOT i.pending
+), existing_pending AS (
+    -- unique="pending": a row holding the key that has not started (sql/016), locked until
+    -- the caller's transaction ends, so no claim (FOR UPDATE SKIP LOCKED) starts it before
+    -- the caller's writes are visible. A row being claimed meanwhile is waited for and then
+    -- no longer matches (its key moved): the insert below goes ahead.
+    SELECT i.ord, found.id
+    FROM input i
+    CROSS JOIN LATERAL (
+        SELECT t.id FROM slotd_tasks t
+        WHERE t.task_type = i.task_type AND t.key = i.key AND t.lease_token IS NULL
+          AND t.attempt_count < t.max_attempts
+        ORDER BY t.id LIMIT 1
+        FOR SHARE OF t
+    ) found
+    WHERE i.key IS NOT NULL AND i.pending
+), existing AS (
+    SELECT * FROM existing_live UNION ALL SELECT * FROM existing_pending
 ), ins AS (
     INSERT INTO slotd_tasks (id, task_type, payload, key, run_at, max_attempts,
-                             max_attempts_explicit, priority, task_group, order_at)
+                             max_attempts_explicit, priority, task_group, order_at,
+                             unique_pending)
     SELECT i.new_id, i.task_type, i.payload, i.key,
            now() + make_interval(secs => i.delay_s), %(max_attempts)s, %(explicit)s,
-           i.priority, i.task_group, now() + make_interval(secs => i.delay_s - i.lead_s)
+           i.priority, i.task_group, now() + make_interval(secs => i.delay_s - i.lead_s),
+           i.pending AND i.key IS NOT NULL
     FROM input i
     WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = i.ord)
     ORDER BY i.ord
@@ -202,6 +229,16 @@ ORDER BY i.ord
 SELECT t.id FROM slotd_tasks t
 WHERE t.task_type = %(task_type)s AND t.key = %(key)s AND {live}
 ORDER BY t.id LIMIT 1
+
+-- name: pending_by_key
+-- The same second look for unique="pending": the row holding the key, if it has not
+-- started, locked as in enqueue's existing_pending. None: the key is held by a running
+-- unique="live" row (it dedupes; see live_by_key) or by nothing any more (insert again).
+SELECT t.id FROM slotd_tasks t
+WHERE t.task_type = %(task_type)s AND t.key = %(key)s AND t.lease_token IS NULL
+  AND t.attempt_count < t.max_attempts
+ORDER BY t.id LIMIT 1
+FOR SHARE OF t
 
 -- name: discover
 -- In ordering-key order. Rows their own type's or group's limit holds back are passed over
@@ -258,14 +295,17 @@ picked AS MATERIALIZED (
         -- The claiming worker's threshold, unless the producer gave one: the dead
         -- predicate, the gauges, `dead list` and retention then agree with this worker.
         max_attempts = CASE WHEN t.max_attempts_explicit THEN t.max_attempts
-                            ELSE c0.max_attempts END
+                            ELSE c0.max_attempts END,
+        -- unique="pending": a started row gives its key up to the next enqueue (sql/016).
+        key = CASE WHEN t.unique_pending THEN NULL ELSE t.key END,
+        started_key = CASE WHEN t.unique_pending THEN {task_key} ELSE t.started_key END
     FROM picked,
          unnest(%(types)s::text[], %(ceilings_s)s::float8[], %(max_attempts)s::int[])
              AS c0(task_type, ceiling_s, max_attempts),
          LATERAL (SELECT make_interval(secs => c0.ceiling_s) AS ceiling) c
     WHERE t.id = picked.id AND c0.task_type = t.task_type
-    RETURNING t.id, t.task_type, t.payload, t.key, t.run_at, t.attempt_count, t.max_attempts,
-              t.lease_token, t.lease_expires_at, now() AS claimed_at
+    RETURNING t.id, t.task_type, t.payload, {task_key}, t.run_at, t.attempt_count,
+              t.max_attempts, t.lease_token, t.lease_expires_at, now() AS claimed_at
 )
 
 -- name: claim_lock
@@ -427,13 +467,15 @@ SELECT 'oldest_due', NULL, coalesce(extract(epoch FROM now() - (
     ORDER BY first.order_at, first.id LIMIT 1))::float8, 0)
 
 -- name: dead_list
-SELECT t.id, t.task_type, t.key, t.payload, t.attempt_count, t.last_error,
+SELECT t.id, t.task_type, {task_key} AS key, t.payload, t.attempt_count, t.last_error,
        t.last_attempted_at, t.created_at, t.cancelled_at
 FROM slotd_tasks t
 WHERE {dead} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
   AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
-  -- A key is looked up through slotd_tasks_key, hence the type list it is searched in.
-  AND (%(key)s::text IS NULL OR (t.key = %(key)s AND t.task_type = ANY(%(key_types)s::text[])))
+  -- A key is looked up through slotd_tasks_key (and slotd_tasks_started_key), hence the
+  -- type list it is searched in.
+  AND (%(key)s::text IS NULL OR ((t.key = %(key)s OR t.started_key = %(key)s)
+                                 AND t.task_type = ANY(%(key_types)s::text[])))
 ORDER BY {retired_at} DESC NULLS LAST, t.id DESC
 LIMIT %(limit)s
 
@@ -586,7 +628,7 @@ SELECT set_config('max_parallel_workers_per_gather', '0', true)
 -- name: task_view
 -- Test modes' views, one row shape for all three: 'pending' (every live task), 'running'
 -- (under a live lease), both in delivery order; 'dead' (dead letters), newest first.
-SELECT t.id, t.task_type, t.payload, t.attempt_count, t.key, t.run_at, t.last_error,
+SELECT t.id, t.task_type, t.payload, t.attempt_count, {task_key}, t.run_at, t.last_error,
        {dead} AS dead
 FROM slotd_tasks t
 WHERE (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
@@ -602,7 +644,7 @@ ORDER BY CASE WHEN %(view)s::text = 'dead' THEN t.last_attempted_at END DESC NUL
 -- The lease a chained claim took under this token, if its statement committed: what a slot
 -- asks after its connection dropped with the answer unread, instead of leaving the row
 -- leased to nobody until ceiling + margin. claimed_at: the claim's own stamp.
-SELECT t.id, t.task_type, t.payload, t.key, t.run_at, t.attempt_count, t.max_attempts,
+SELECT t.id, t.task_type, t.payload, {task_key}, t.run_at, t.attempt_count, t.max_attempts,
        t.lease_token, t.lease_expires_at, t.last_attempted_at AS claimed_at
 FROM slotd_tasks t
 WHERE t.lease_token = %(token)s::uuid AND {lease_live}
@@ -639,7 +681,7 @@ WITH target AS (
     SELECT t.id FROM slotd_tasks t
     WHERE (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
       AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
-      AND (%(key)s::text IS NULL OR t.key = %(key)s)
+      AND (%(key)s::text IS NULL OR t.key = %(key)s OR t.started_key = %(key)s)
       AND {live}
     ORDER BY t.id LIMIT %(batch)s
     FOR UPDATE
@@ -793,7 +835,7 @@ ON CONFLICT (minute, task_type, outcome) DO UPDATE SET count = o.count + exclude
 -- Every row under a lease (a live one, or one whose holder vanished and which the next
 -- claim will take over), with its deadline and, once its replica has heartbeated since the
 -- claim, the replica and slot holding it.
-SELECT t.id, t.task_type, t.key, t.attempt_count, t.max_attempts,
+SELECT t.id, t.task_type, {task_key} AS key, t.attempt_count, t.max_attempts,
        t.last_attempted_at AS started_at, t.lease_expires_at,
        t.lease_expires_at - make_interval(secs => %(margin_s)s) AS deadline,
        {lease_live} AS lease_live, now() AS db_now,
@@ -809,8 +851,8 @@ ORDER BY t.lease_expires_at, t.id
 LIMIT %(limit)s
 
 -- name: dash_task
-SELECT t.id, t.task_type, t.key, t.payload, t.run_at, t.attempt_count, t.max_attempts,
-       t.lease_token IS NOT NULL AS leased, t.lease_expires_at, t.last_error,
+SELECT t.id, t.task_type, {task_key} AS key, t.payload, t.run_at, t.attempt_count,
+       t.max_attempts, t.lease_token IS NOT NULL AS leased, t.lease_expires_at, t.last_error,
        t.last_attempted_at, t.created_at, now() AS db_now,
        {dead} AS dead, {running} AS running, {claimable} AS due
 FROM slotd_tasks t

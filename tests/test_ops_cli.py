@@ -101,12 +101,28 @@ def test_enqueue_takes_priority_and_group(cli: Any, conn: psycopg.Connection[Any
     ).fetchone() == (0, None)
 
 
+def test_enqueue_unique_pending_queues_behind_a_started_task(
+    cli: Any, conn: psycopg.Connection[Any]
+) -> None:
+    first = int(cli("enqueue", "audit", "--key", "u:7", "--unique", "pending").stdout)
+    assert int(cli("enqueue", "audit", "--key", "u:7", "--unique", "pending").stdout) == first
+    # As a claim does to a unique="pending" task: its key moves out of the dedupe index.
+    conn.execute(
+        "UPDATE slotd_tasks SET started_key = key, key = NULL, lease_token = gen_random_uuid(),"
+        " lease_expires_at = now() + interval '1 minute', attempt_count = 1"
+    )
+    behind = int(cli("enqueue", "audit", "--key", "u:7", "--unique", "pending").stdout)
+    assert behind != first
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
         (("audit", "--priority", "101"), "--priority"),
         (("audit", "--priority", "high"), "--priority"),
         (("audit", "--group", " "), "bad --group"),
+        (("audit", "--unique", "pending"), "needs a --key"),
+        (("audit", "--key", "k", "--unique", "maybe"), "--unique"),
         (("audit", "{not json"), "not JSON"),
         (("audit", "[1, 2]"), "JSON object"),
         (("audit", '{"x": NaN}'), "NaN"),

@@ -16,7 +16,14 @@ from psycopg import sql
 import slotd
 from slotd.errors import LeaseLost
 from slotd.registry import Registry
-from slotd.repository import Repository, limit_params, migrate, migrations, statements
+from slotd.repository import (
+    Repository,
+    enqueue_params,
+    limit_params,
+    migrate,
+    migrations,
+    statements,
+)
 
 MINUTE = timedelta(minutes=1)
 
@@ -492,13 +499,12 @@ def test_dedupe_lookup_is_index_driven_on_a_large_table(
 ) -> None:
     slotd.enqueue_many(conn, [("audit", {}, None, f"org:{n}") for n in range(5000)])
     conn.execute("ANALYZE slotd_tasks")
-    params = {"types": ["audit"], "payloads": ["{}"], "keys": ["org:7"], "delays": [0.0],
-              "priorities": [0], "groups": [None], "leads": [0.0],
-              "max_attempts": 20, "explicit": False}  # fmt: skip
-    plan = "\n".join(
-        r[0] for r in conn.execute("EXPLAIN " + statements()["enqueue"], params).fetchall()
-    )
-    assert "Seq Scan on slotd_tasks" not in plan, plan
+    for unique in ("live", "pending"):
+        params = enqueue_params([("audit", {}, None, "org:7")], unique=unique)
+        plan = "\n".join(
+            r[0] for r in conn.execute("EXPLAIN " + statements()["enqueue"], params).fetchall()
+        )
+        assert "Seq Scan on slotd_tasks" not in plan, (unique, plan)
 
 
 def test_claim_is_a_primary_key_look_up_with_statistics_from_an_empty_table(

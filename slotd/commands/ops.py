@@ -226,6 +226,13 @@ def _running(count: int, limit: tuple[int | None, int | None] | None) -> str | i
     help="-100..100, higher sooner: a head start of priority x SLOTD_PRIORITY_STEP.",
 )
 @click.option("--group", help="What the type's max_running_per_group counts (e.g. org:42).")
+@click.option(
+    "--unique",
+    type=click.Choice(["live", "pending"]),
+    default="live",
+    show_default=True,
+    help="With --key: dedupe against a live task (pending or running), or a pending one only.",
+)
 @click.pass_context
 def enqueue(
     ctx: click.Context,
@@ -236,6 +243,7 @@ def enqueue(
     max_attempts: int | None,
     priority: int,
     group: str | None,
+    unique: str,
 ) -> None:
     """Add one task and commit it; prints its id (or the live task's id with that key)."""
     name = _task_type(task_type) or task_type
@@ -259,6 +267,8 @@ def enqueue(
     wait = _duration(delay, "--delay")
     if group is not None and not group.strip():
         raise ConfigError("bad --group: empty (leave it out for a task without a group)")
+    if unique == "pending" and key is None:
+        raise ConfigError("bad --unique pending: it needs a --key")
     with _repository(ctx, "enqueue") as repo, repo.write.transaction():
         task_id = enqueue_task(
             repo.write,
@@ -269,6 +279,7 @@ def enqueue(
             max_attempts=max_attempts,
             priority=priority,
             group=group,
+            unique=unique,
         )
     click.echo(str(task_id))
 

@@ -28,6 +28,9 @@ PRIORITY_RANGE = range(-100, 101)
 PRIORITY_SPAN = 100
 
 
+UNIQUE_MODES = ("live", "pending")
+
+
 @dataclass(frozen=True)
 class NewTask:
     task_type: str
@@ -36,6 +39,20 @@ class NewTask:
     key: str | None = None
     priority: int = 0
     group: str | None = None
+    # What a key dedupes against: "live" (a pending or running task) or "pending" (one
+    # not started yet). None: the call's `unique=` (default "live").
+    unique: str | None = None
+
+
+def _unique(value: object, row: NewTask) -> bool:
+    """True for unique="pending"."""
+    if value not in UNIQUE_MODES:
+        raise ValueError(
+            f"task {row.task_type!r}: unique must be 'live' or 'pending', got {value!r}"
+        )
+    if value == "pending" and row.key is None:
+        raise ValueError(f"task {row.task_type!r}: unique='pending' needs a key")
+    return value == "pending"
 
 
 def _priority(value: object, task_type: str) -> int:
@@ -52,6 +69,7 @@ def enqueue_params(
     max_attempts: int = 20,
     explicit: bool = False,
     priority_step: timedelta = timedelta(seconds=1),
+    unique: str = "live",
 ) -> dict[str, Any] | None:
     """The `enqueue` statement's parameters, or None for no items. The one place producer
     input is validated (the sync and asyncio paths share it): everything is checked before
@@ -63,6 +81,7 @@ def enqueue_params(
         return None
     step = priority_step.total_seconds()
     types, payloads, keys, delays, priorities, groups, leads = [], [], [], [], [], [], []
+    pending = []
     for row in rows:
         types.append(validate_type_name(row.task_type))
         payloads.append(_json_object(row.payload, row.task_type))
@@ -75,6 +94,7 @@ def enqueue_params(
         priorities.append(_priority(row.priority, row.task_type))
         groups.append(row.group)
         leads.append(priorities[-1] * step)
+        pending.append(_unique(unique if row.unique is None else row.unique, row))
     return {
         "types": types,
         "payloads": payloads,
@@ -83,6 +103,7 @@ def enqueue_params(
         "priorities": priorities,
         "groups": groups,
         "leads": leads,
+        "pending": pending,
         "max_attempts": max_attempts,
         "explicit": explicit,
     }
@@ -95,12 +116,17 @@ def enqueue_many(
     max_attempts: int = 20,
     explicit: bool = False,
     priority_step: timedelta = timedelta(seconds=1),
+    unique: str = "live",
 ) -> list[int]:
     """Insert tasks inside the caller's transaction and return their ids, in order; a key
-    with a live row returns that row's id. `explicit=False`: the claiming worker stamps
-    its own max_attempts over this one."""
+    with a live row (unique="pending": a row not started yet) returns that row's id.
+    `explicit=False`: the claiming worker stamps its own max_attempts over this one."""
     params = enqueue_params(
-        items, max_attempts=max_attempts, explicit=explicit, priority_step=priority_step
+        items,
+        max_attempts=max_attempts,
+        explicit=explicit,
+        priority_step=priority_step,
+        unique=unique,
     )
     if params is None:
         return []
@@ -112,11 +138,22 @@ def enqueue_many(
                 break
             # Met a concurrent or same-batch enqueue of the same key: a new statement sees
             # that row, unless it was claimed and finished meanwhile; then insert ours.
-            found = target.execute(_sql("live_by_key"), {"task_type": task_type, "key": key})
-            row = found.fetchone()
-            task_id = row[0] if row else _enqueue_one(target, params, index)
+            by_key = {"task_type": task_type, "key": key}
+            for look in _second_looks(params, index):
+                row = target.execute(_sql(look), by_key).fetchone()
+                if row:
+                    task_id = row[0]
+                    break
+            else:
+                task_id = _enqueue_one(target, params, index)
         ids.append(_found(task_id, task_type, key))
     return ids
+
+
+def _second_looks(params: dict[str, Any], index: int) -> tuple[str, ...]:
+    """Where a key whose insert met another row is found: a unique="pending" row dedupes
+    against a row not started (locked), else a running unique="live" one holding the key."""
+    return ("pending_by_key", "live_by_key") if params["pending"][index] else ("live_by_key",)
 
 
 def _enqueue_one(target: Executor, params: dict[str, Any], index: int) -> int | None:
@@ -130,10 +167,15 @@ async def enqueue_many_async(
     max_attempts: int = 20,
     explicit: bool = False,
     priority_step: timedelta = timedelta(seconds=1),
+    unique: str = "live",
 ) -> list[int]:
     """enqueue_many on a psycopg AsyncConnection or AsyncCursor: the same statement."""
     params = enqueue_params(
-        items, max_attempts=max_attempts, explicit=explicit, priority_step=priority_step
+        items,
+        max_attempts=max_attempts,
+        explicit=explicit,
+        priority_step=priority_step,
+        unique=unique,
     )
     if params is None:
         return []
@@ -143,10 +185,13 @@ async def enqueue_many_async(
         for _ in range(_KEY_TRIES):
             if task_id is not None:
                 break
-            found = await target.execute(_sql("live_by_key"), {"task_type": task_type, "key": key})
-            row = await found.fetchone()
-            if row:
-                task_id = row[0]
+            by_key = {"task_type": task_type, "key": key}
+            for look in _second_looks(params, index):
+                found = await target.execute(_sql(look), by_key)
+                row = await found.fetchone()
+                if row:
+                    task_id = row[0]
+                    break
             else:
                 again = await target.execute(_sql("enqueue"), _one(params, index))
                 task_id = (await again.fetchall())[0][1]
