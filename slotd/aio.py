@@ -61,9 +61,11 @@ class HandlerLoop:
         """Run one handler call to its end and return what it returned."""
         if _running_here():
             # Called from async code (an async test in eager mode): this thread's loop is
-            # busy, so the handler gets a thread and a loop of its own.
+            # busy, so the handler gets a thread and a loop of its own, in this context (a
+            # middleware's contextvars, the attempt's span), as it would on this loop.
+            here = contextvars.copy_context()
             with ThreadPoolExecutor(1, thread_name_prefix="slotd-handler") as pool:
-                return pool.submit(lambda: current().run(coro)).result()
+                return pool.submit(here.run, lambda: current().run(coro)).result()
         loop, attempt = self.loop, _Attempt()
         # The handler's task carries its attempt in its context (a copy of this one), and
         # so does every task created from it; it is made past the factory: not its own.

@@ -4,11 +4,11 @@ from asyncio, on psycopg or on a SQLAlchemy session (see slotd.targets)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import timedelta
 from typing import Any
 
-from slotd import repository
+from slotd import integrations, repository
 from slotd.config import max_attempts_from_env, max_attempts_value, priority_step
 from slotd.repository import NewTask
 from slotd.targets import async_target, sync_target
@@ -54,6 +54,17 @@ def _attempts(max_attempts: int | None) -> dict[str, Any]:
     return {"max_attempts": max_attempts_value(max_attempts), "explicit": True}
 
 
+def _rows(items: Iterable[NewTask | tuple[Any, ...]]) -> list[NewTask]:
+    return [item if isinstance(item, NewTask) else NewTask(*item) for item in items]
+
+
+def _sending(rows: list[NewTask]) -> AbstractContextManager[Any]:
+    """The enqueue's PRODUCER span and the trace context its rows carry (slotd.tracing):
+    None (nothing stored) without opentelemetry-api or an active span."""
+    tracing = integrations.tracing() if rows else None
+    return nullcontext() if tracing is None else tracing.sending(rows)
+
+
 def enqueue_many(
     conn: Any,
     items: Iterable[NewTask | tuple[Any, ...]],
@@ -70,9 +81,18 @@ def enqueue_many(
     `unique` (for keyed items; a NewTask's own `unique` wins): "live" dedupes against a
     pending or running task with the key, "pending" only against one not started yet."""
     target = sync_target(conn, "slotd.enqueue_many")
-    ids = repository.enqueue_many(
-        target, items, **_attempts(max_attempts), priority_step=priority_step(), unique=unique
-    )
+    rows = _rows(items)
+    with _sending(rows) as send:
+        ids = repository.enqueue_many(
+            target,
+            rows,
+            **_attempts(max_attempts),
+            priority_step=priority_step(),
+            trace=send.context if send else None,
+            unique=unique,
+        )
+        if send:
+            send.sent(ids)
     _announce(target, ids)
     return ids
 
@@ -108,9 +128,18 @@ async def enqueue_many_async(
     """enqueue_many from asyncio: a psycopg AsyncConnection or AsyncCursor, or a SQLAlchemy
     AsyncSession or AsyncConnection on the psycopg driver. Same statement, same rules."""
     target = await async_target(conn, "slotd.enqueue_many_async")
-    ids = await repository.enqueue_many_async(
-        target, items, **_attempts(max_attempts), priority_step=priority_step(), unique=unique
-    )
+    rows = _rows(items)
+    with _sending(rows) as send:
+        ids = await repository.enqueue_many_async(
+            target,
+            rows,
+            **_attempts(max_attempts),
+            priority_step=priority_step(),
+            trace=send.context if send else None,
+            unique=unique,
+        )
+        if send:
+            send.sent(ids)
     _announce(target, ids)
     return ids
 

@@ -133,7 +133,7 @@ def settle(
                 claimed.id,
                 claimed.attempt,
                 cancelled_by,
-                extra={**_fields(claimed), "outcome": str(Outcome.CANCELLED)},
+                extra={**_fields(claimed, result), "outcome": str(Outcome.CANCELLED)},
             )
             return Settlement(Outcome.CANCELLED, True, result.duration)
         if result.kind == kinds.DONE and then_claim and then_claim[0]:
@@ -239,7 +239,7 @@ def _continued(
     is backed off like a failure (attempt kept) instead of spinning through its attempts
     in milliseconds."""
     if result.past_deadline:
-        logger.warning("slice continued at its deadline", extra=_fields(claimed))
+        logger.warning("slice continued at its deadline", extra=_fields(claimed, result))
     outcome = Outcome.TIMEOUT if result.past_deadline else Outcome.CONTINUED
     if result.advanced:
         if not repo.continue_slice(claimed.id, claimed.token):
@@ -249,7 +249,7 @@ def _continued(
     logger.warning(
         "slice advanced nothing; backed off like a failure%s",
         " and it has reached max attempts" if failure.dead else "",
-        extra=_fields(claimed),
+        extra=_fields(claimed, result),
     )
     return _done(outcome, claimed, result, logger, failure.dead)
 
@@ -258,8 +258,11 @@ def _error_text(result: Result, default: str) -> str:
     return result.error or default
 
 
-def _fields(claimed: Claimed) -> dict[str, Any]:
-    return {"task_id": claimed.id, "task_type": claimed.task_type, "attempt": claimed.attempt}
+def _fields(claimed: Claimed, result: Result | None = None) -> dict[str, Any]:
+    fields = {"task_id": claimed.id, "task_type": claimed.task_type, "attempt": claimed.attempt}
+    if result is not None and result.extra:  # the attempt's own (tracing: trace_id, span_id)
+        fields.update(result.extra)
+    return fields
 
 
 def _done(
@@ -269,7 +272,7 @@ def _done(
     logger: Logger,
     dead: bool = False,
 ) -> Settlement:
-    fields = {**_fields(claimed), "outcome": str(outcome), "duration": result.duration}
+    fields = {**_fields(claimed, result), "outcome": str(outcome), "duration": result.duration}
     level = logging.INFO
     if outcome in (Outcome.FAILURE, Outcome.TIMEOUT, Outcome.CRASHED, Outcome.LOST):
         level = logging.WARNING

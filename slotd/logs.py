@@ -21,8 +21,10 @@ from typing import IO, Any
 from slotd.db import redact
 
 FORMATS = ("text", "json")
-# The fields an operator filters on, in the order they read best.
+# The fields an operator filters on, in the order they read best; an attempt's trace ids
+# (slotd.tracing, when it ran in a span) right after them, where a log search joins a trace.
 FIRST_FIELDS = ("task_id", "task_type", "attempt", "slot", "outcome", "duration")
+TRACE_FIELDS = ("trace_id", "span_id")
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
 _MARK = "_slotd_handler"
 
@@ -43,6 +45,8 @@ def _extras(record: logging.LogRecord) -> dict[str, Any]:
     found.pop("role", None)
     ordered = {k: found.pop(k) for k in FIRST_FIELDS if k in found}
     if found:
+        if "trace_id" in found:
+            ordered.update((k, found.pop(k)) for k in TRACE_FIELDS if k in found)
         ordered.update(sorted(found.items()))
     return ordered
 

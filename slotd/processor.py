@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from slotd import aio, lifecycle
+from slotd import aio, lifecycle, middleware
 from slotd import outcome as kinds
 from slotd.errors import Cancelled, DeadlineExceeded
 from slotd.lifecycle import Settlement
@@ -31,8 +31,13 @@ class ReturnedAwaitable(TypeError):
 
 
 def call(handler: Handler, ctx: Context) -> Any:
-    """The handler's return value: awaited to its end on this thread's loop when it is an
-    `async def`; a sync one returning an awaitable is an error, never a success."""
+    """The handler's return value, through the registry's middleware (slotd.middleware)."""
+    return middleware.run(handler, ctx, _call)
+
+
+def _call(handler: Handler, ctx: Context) -> Any:
+    """Awaited to its end on this thread's loop when it is an `async def`; a sync one
+    returning an awaitable is an error, never a success."""
     if handler.is_async:
         return aio.current().run(handler.fn(ctx.task, ctx))
     returned = handler.fn(ctx.task, ctx)
@@ -63,12 +68,14 @@ def execute(handler: Handler, ctx: Context, before: Callable[[], None] | None = 
             kind, error = kinds.ERROR, _describe(exc)
         if isinstance(exc, DeadlineExceeded):
             took = time.monotonic() - started
-            return Result(kind, error, ctx.advanced, True, took, exception=exc)
+            return Result(kind, error, ctx.advanced, True, took, ctx.log_fields, exc)
     else:
         caught = None
         kind, error = (kinds.CONTINUE, None) if returned is False else (kinds.DONE, None)
     took = time.monotonic() - started
-    return Result(kind, error, ctx.advanced, past(ctx.deadline), took, exception=caught)
+    late = past(ctx.deadline)
+    # extra: the fields a middleware gave the attempt's log lines (trace_id, span_id).
+    return Result(kind, error, ctx.advanced, late, took, ctx.log_fields, caught)
 
 
 def _describe(exc: BaseException) -> str:

@@ -6,12 +6,14 @@ import importlib
 import inspect
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from slotd import integrations
 from slotd.config import max_attempts_value
 from slotd.errors import ConfigError
+from slotd.middleware import Chain, Middleware
 
 if TYPE_CHECKING:
     from slotd.schedule import Schedule
@@ -49,6 +51,9 @@ class Handler:
     # Fleet-wide: at most this many of the type (of one group) under a live lease at once.
     max_running: int | None = None
     max_running_per_group: int | None = None
+    # The registry's middleware (slotd.middleware), shared by its handlers: one added after
+    # the handler was registered wraps it too.
+    chain: Chain | None = field(default=None, compare=False, repr=False)
 
     def limits(self) -> tuple[int | None, float | None, float | None]:
         """As plain numbers, for the runner's hello to its slot."""
@@ -88,6 +93,8 @@ class Registry:
         # (slotd.contrib.django: the DATABASES entry its backend writes to).
         self.database_url: str | None = None
         self._schedules: dict[str, Schedule] = {}
+        self._chain = Chain()
+        self._runner_hooks: list[Callable[[], Any]] = []
 
     def register(
         self,
@@ -127,8 +134,33 @@ class Registry:
             backoff_cap,
             _limit(name, "max_running", max_running),
             _limit(name, "max_running_per_group", max_running_per_group),
+            self._chain,
         )
         return fn
+
+    def middleware(self, fn: Middleware) -> Middleware:
+        """Wrap every attempt: `fn(task, ctx, call_next)` returns what `call_next()` returned
+        (or its own value), outermost first in registration order; exceptions pass through
+        it. A plain def wraps every handler, an async def (`await call_next()`) the async
+        handlers only; see slotd.middleware. Usable as a decorator."""
+        self._chain.add(fn, is_async(fn))
+        return fn
+
+    def on_runner_start(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """Call `fn()` in every runner process as it starts, after the fork and before its
+        first task (set up a tracer provider and its exporter here: threads and sockets
+        made before a fork do not work in the child). One that raises stops the runner
+        from starting; its slot logs it and tries again with backoff. Not called by the
+        test modes, which run handlers in the test's own process."""
+        if not callable(fn):
+            raise ValueError(f"on_runner_start: {fn!r} is not callable")
+        self._runner_hooks.append(fn)
+        return fn
+
+    def runner_started(self) -> None:
+        """In a new runner (slotd.runner): the on_runner_start hooks, in their order."""
+        for hook in self._runner_hooks:
+            hook()
 
     def handler(
         self,
@@ -258,4 +290,8 @@ def load_registry(spec: str) -> Registry:
         raise ConfigError(f"bad --app {spec!r}: {attr} is not a slotd.Registry")
     if not len(target):
         raise ConfigError(f"bad --app {spec!r}: the registry has no handlers")
+    # slotd's integrations (opentelemetry, when importable) load here, in the supervisor,
+    # so the slots and runners forked from it have them already: imported lazily, each
+    # runner would pay the import again (tens of ms), and again after every kill or recycle.
+    integrations.tracing()
     return target

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from slotd import aio, proc
+from slotd import aio, integrations, proc
 from slotd.errors import Cancelled, DeadlineExceeded
 from slotd.outcome import DONE, ERROR, SHUTDOWN, Result, past
 from slotd.processor import execute
@@ -43,6 +43,9 @@ RECYCLE = "recycle"
 LEFTOVER_GRACE = 1.0
 
 log = logging.getLogger("slotd.runner")
+# Asked to exit between tasks, a runner gives its integrations this long to hand over
+# what they buffer (a BatchSpanProcessor's spans); the slot waits a little longer.
+EXIT_FLUSH = 2.0
 
 
 class _State:
@@ -138,6 +141,7 @@ def serve(
     proc.set_title(f"runner {slot_no} idle")
     if faults is not None:  # counted by the supervisor, by way of the slot
         faults.on_fault = lambda kind: conn.send(("fault", kind))
+    registry.runner_started()  # after the fork: the application's per-process set-up
     hello = (registry.types, registry.ceilings_seconds, registry.limits)
     conn.send(("hello", *hello, registry.concurrency_limits))
     code = 0
@@ -147,7 +151,8 @@ def serve(
                 message = conn.recv()
             except (EOFError, OSError):
                 break
-            if message[0] == "exit":
+            if message[0] == "exit":  # stopped between tasks (slot.Runner.stop)
+                integrations.runner_exit(EXIT_FLUSH)
                 break
             _, fields, deadline_ts, stale_cancel = message
             task, deadline = _task(fields), datetime.fromtimestamp(deadline_ts, UTC)
@@ -164,13 +169,22 @@ def serve(
 def run_message(task: Task, deadline: datetime, stale_cancel: bool) -> tuple[Any, ...]:
     """The slot's "run": plain values, cheaper to pickle than a Task and datetimes (twice
     per task, one way each); `_task` rebuilds the Task in the runner."""
-    fields = (task.id, task.type, task.payload, task.attempt, task.key, task.run_at.timestamp())
+    fields = (
+        task.id,
+        task.type,
+        task.payload,
+        task.attempt,
+        task.key,
+        task.run_at.timestamp(),
+        task.trace_context,
+    )
     return ("run", fields, deadline.timestamp(), stale_cancel)
 
 
 def _task(fields: tuple[Any, ...]) -> Task:
-    task_id, task_type, payload, attempt, key, run_at = fields
-    return Task(task_id, task_type, payload, attempt, key, datetime.fromtimestamp(run_at, UTC))
+    task_id, task_type, payload, attempt, key, run_at, trace = fields
+    when = datetime.fromtimestamp(run_at, UTC)
+    return Task(task_id, task_type, payload, attempt, key, when, trace_context=trace)
 
 
 def _run(

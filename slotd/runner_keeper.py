@@ -39,15 +39,32 @@ class Runner:
     started: float = field(default_factory=time.monotonic)
     tasks: int = 0
 
-    def stop(self, timeout: float = RUNNER_STOP_TIMEOUT) -> int | None:
+    def stop(self, timeout: float = RUNNER_STOP_TIMEOUT, *, polite: bool = False) -> int | None:
         """Kill the runner's group and reap it; None when it has not died within `timeout`
-        (uninterruptible sleep): the caller keeps its watch and reports it stuck."""
-        proc.kill_group(self.pid, signal.SIGKILL)
+        (uninterruptible sleep): the caller keeps its watch and reports it stuck.
+
+        `polite` (an idle runner: recycled, reloaded, shut down): ask it to exit first, so it
+        hands over what it buffers (a tracer's queued spans; it exits with os._exit, which
+        runs no atexit), then kill what is left of its group."""
+        if polite and self._asked_to_exit():
+            try:
+                os.killpg(self.pid, signal.SIGKILL)  # what its handlers left behind
+            except OSError:
+                pass
+        else:
+            proc.kill_group(self.pid, signal.SIGKILL)
         status = self.watch.wait(timeout)
         self.conn.close()
         if status is not None:
             self.watch.close()
         return status
+
+    def _asked_to_exit(self) -> bool:
+        try:
+            proc.tell(self.conn, ("exit",))
+        except OSError:
+            return False
+        return self.watch.wait(runner.EXIT_FLUSH + 0.5) is not None
 
 
 class RunnerKeeper:
@@ -113,7 +130,7 @@ class RunnerKeeper:
             return
         if not self._worn_out(current):
             return
-        self.stop(current)
+        self.stop(current, polite=True)
         self.current = None
         self.spawn(stopping)
         self.report("restart", "runner_recycled")
@@ -133,11 +150,11 @@ class RunnerKeeper:
             result.error = f"{result.error}: {proc.describe_status(status)}"
         self.report("restart", "runner_killed" if result.kind != CRASHED else "runner_crashed")
 
-    def stop(self, current: Runner) -> int | None:
+    def stop(self, current: Runner, *, polite: bool = False) -> int | None:
         """Stop a runner; one that does not die is kept aside, reported stuck (the
         supervisor's /healthz fails, so an orchestrator replaces the replica) and reaped
         here if it ever dies."""
-        status = current.stop()
+        status = current.stop(polite=polite)
         if status is None:
             self.log.error(
                 "runner %s did not die after SIGKILL within %ss (uninterruptible sleep?)",
@@ -178,7 +195,7 @@ class RunnerKeeper:
             self.log.error("reload failed: the new code does not start; keeping the old runner")
             self.report("reload_failed")
             return
-        self.stop(current)
+        self.stop(current, polite=True)
         self.fresh_code = True
         self.current = fresh
         self.report("runner", fresh.pid)

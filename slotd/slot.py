@@ -167,7 +167,7 @@ class Slot:
                 code = 1
         finally:
             if self.runners.current is not None:
-                self.runners.current.stop()
+                self.runners.current.stop(polite=not self.hurry)
             logs.flush()  # os._exit would drop the held lines
             os._exit(code)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,6 +20,11 @@ class Task:
     attempt: int
     key: str | None
     run_at: datetime
+    # The W3C trace context recorded at enqueue (the propagator's headers: "traceparent",
+    # "tracestate"), or None: the producer had no active span or no opentelemetry-api.
+    # Keyword-only: Task(id, type, payload, attempt, key, run_at) keeps its meaning, and so
+    # do subclasses that add fields (slotd.testing.QueuedTask).
+    trace_context: Mapping[str, str] | None = field(default=None, kw_only=True)
 
 
 _TASK_LOG = logging.getLogger("slotd.task")
@@ -55,10 +60,19 @@ class Context:
         self._write_cursor_async = write_cursor_async
         self._is_cancelled = is_cancelled
         self.advanced = False
+        # What a middleware adds to every line about this attempt (slotd's tracing: trace_id,
+        # span_id): ctx.log's lines, and the settlement's line, which the slot writes.
+        self.log_fields: dict[str, Any] = {}
         base = log or _TASK_LOG
         self.log = TaskLogAdapter(
             base, {"task_id": task.id, "task_type": task.type, "attempt": task.attempt}
         )
+
+    def add_log_fields(self, **fields: Any) -> None:
+        """Carry `fields` on ctx.log's lines and on slotd's own line settling this attempt
+        (plain values: they cross the runner's pipe)."""
+        self.log_fields.update(fields)
+        self.log.extra = {**(self.log.extra or {}), **fields}
 
     def remaining(self) -> float:
         return (self.deadline - datetime.now(UTC)).total_seconds()

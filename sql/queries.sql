@@ -159,6 +159,8 @@ SET LOCAL transaction_isolation TO 'read committed'
 -- One statement: dedupe against live rows, insert, and fire the wake. pg_notify inside
 -- the caller's transaction is delivered only if it commits, and identical notifications
 -- collapse, so a thousand rows cost one wake.
+-- trace: the producer's trace context (sql/009), one for the whole call (every row of it
+-- was enqueued under the same span), NULL when no span was active.
 WITH input AS (
     SELECT i.ord, i.task_type, i.payload, i.key, i.delay_s, i.priority, i.task_group, i.lead_s,
            coalesce(i.pending, false) AS pending,
@@ -199,11 +201,11 @@ WITH input AS (
 ), ins AS (
     INSERT INTO slotd_tasks (id, task_type, payload, key, run_at, max_attempts,
                              max_attempts_explicit, priority, task_group, order_at,
-                             unique_pending)
+                             unique_pending, trace_context)
     SELECT i.new_id, i.task_type, i.payload, i.key,
            now() + make_interval(secs => i.delay_s), %(max_attempts)s, %(explicit)s,
            i.priority, i.task_group, now() + make_interval(secs => i.delay_s - i.lead_s),
-           i.pending AND i.key IS NOT NULL
+           i.pending AND i.key IS NOT NULL, %(trace)s::jsonb
     FROM input i
     WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = i.ord)
     ORDER BY i.ord
@@ -304,8 +306,10 @@ picked AS MATERIALIZED (
              AS c0(task_type, ceiling_s, max_attempts),
          LATERAL (SELECT make_interval(secs => c0.ceiling_s) AS ceiling) c
     WHERE t.id = picked.id AND c0.task_type = t.task_type
+    -- trace_context last: NULL for a task enqueued outside a span (repository.Claimed).
     RETURNING t.id, t.task_type, t.payload, {task_key}, t.run_at, t.attempt_count,
-              t.max_attempts, t.lease_token, t.lease_expires_at, now() AS claimed_at
+              t.max_attempts, t.lease_token, t.lease_expires_at, now() AS claimed_at,
+              t.trace_context
 )
 
 -- name: claim_lock
@@ -645,7 +649,8 @@ ORDER BY CASE WHEN %(view)s::text = 'dead' THEN t.last_attempted_at END DESC NUL
 -- asks after its connection dropped with the answer unread, instead of leaving the row
 -- leased to nobody until ceiling + margin. claimed_at: the claim's own stamp.
 SELECT t.id, t.task_type, t.payload, {task_key}, t.run_at, t.attempt_count, t.max_attempts,
-       t.lease_token, t.lease_expires_at, t.last_attempted_at AS claimed_at
+       t.lease_token, t.lease_expires_at, t.last_attempted_at AS claimed_at,
+       t.trace_context
 FROM slotd_tasks t
 WHERE t.lease_token = %(token)s::uuid AND {lease_live}
 

@@ -70,12 +70,14 @@ def enqueue_params(
     explicit: bool = False,
     priority_step: timedelta = timedelta(seconds=1),
     unique: str = "live",
+    trace: str | None = None,
 ) -> dict[str, Any] | None:
     """The `enqueue` statement's parameters, or None for no items. The one place producer
     input is validated (the sync and asyncio paths share it): everything is checked before
     anything is sent, so bad input leaves the caller's transaction untouched. A task of
     priority p is ordered as if it had become due p x priority_step earlier (the
-    producer's step, stamped on the row)."""
+    producer's step, stamped on the row). `trace`: the producer's trace context as JSON
+    (slotd.tracing), stored with every row; None stores nothing."""
     rows = [item if isinstance(item, NewTask) else NewTask(*item) for item in items]
     if not rows:
         return None
@@ -106,6 +108,7 @@ def enqueue_params(
         "pending": pending,
         "max_attempts": max_attempts,
         "explicit": explicit,
+        "trace": trace,
     }
 
 
@@ -117,6 +120,7 @@ def enqueue_many(
     explicit: bool = False,
     priority_step: timedelta = timedelta(seconds=1),
     unique: str = "live",
+    trace: str | None = None,
 ) -> list[int]:
     """Insert tasks inside the caller's transaction and return their ids, in order; a key
     with a live row (unique="pending": a row not started yet) returns that row's id.
@@ -127,6 +131,7 @@ def enqueue_many(
         explicit=explicit,
         priority_step=priority_step,
         unique=unique,
+        trace=trace,
     )
     if params is None:
         return []
@@ -168,6 +173,7 @@ async def enqueue_many_async(
     explicit: bool = False,
     priority_step: timedelta = timedelta(seconds=1),
     unique: str = "live",
+    trace: str | None = None,
 ) -> list[int]:
     """enqueue_many on a psycopg AsyncConnection or AsyncCursor: the same statement."""
     params = enqueue_params(
@@ -176,6 +182,7 @@ async def enqueue_many_async(
         explicit=explicit,
         priority_step=priority_step,
         unique=unique,
+        trace=trace,
     )
     if params is None:
         return []

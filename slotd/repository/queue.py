@@ -31,13 +31,23 @@ class Claimed:
     token: uuid.UUID
     lease_expires_at: datetime
     claimed_at: datetime
+    # The producer's trace context (sql/009), None when it enqueued outside a span.
+    trace_context: dict[str, str] | None = None
 
     @property
     def final_attempt(self) -> bool:
         return self.attempt >= self.max_attempts
 
     def task(self) -> Task:
-        return Task(self.id, self.task_type, self.payload, self.attempt, self.key, self.run_at)
+        return Task(
+            self.id,
+            self.task_type,
+            self.payload,
+            self.attempt,
+            self.key,
+            self.run_at,
+            trace_context=self.trace_context,
+        )
 
     def deadline(self, margin: timedelta) -> datetime:
         return self.lease_expires_at - margin

@@ -72,3 +72,29 @@ def sleep(task: slotd.Task, ctx: slotd.Context) -> None:
 async def async_sleep(task: slotd.Task, ctx: slotd.Context) -> None:
     _deadline_line(task, ctx)
     await asyncio.sleep(3600)  # its task cancelled at the deadline
+
+
+if os.environ.get("SLOTD_BENCH_TRACING") == "1":
+    # Imported here, in the supervisor, so the runners forked from it have the SDK already
+    # (the README's advice: import at module level, set up after the fork).
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+
+@registry.on_runner_start
+def _tracing() -> None:
+    """SLOTD_BENCH_TRACING=1 (cpu_per_task.py's "+otel" kinds): the SDK in every runner, a
+    BatchSpanProcessor to an exporter that drops the spans, so what is measured is slotd's
+    tracing and the SDK's span handling, not a network."""
+    if os.environ.get("SLOTD_BENCH_TRACING") != "1":
+        return
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
+
+    class Dropped(SpanExporter):
+        def export(self, spans: object) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    trace.set_tracer_provider(provider)

@@ -1,11 +1,16 @@
 """CPU microseconds per task, per process role, while `slotd run` drains no-op tasks.
 
     python tests/bench/cpu_per_task.py [--n 5000] [--slots 4] [--rounds 2] [--py-spy DIR]
+        [--types bench.noop,bench.async_noop,bench.noop+otel,bench.async_noop+otel]
 
 Starts its own PostgreSQL (fsync on), runs `slotd run --slots N` (metrics off) as users run
 it, bulk-enqueues n no-op tasks (sync `bench.noop` and async `bench.async_noop`, interleaved
 rounds) and divides the CPU seconds each process spent over the drain by the tasks drained.
 CPU seconds, unlike tasks/s, stay meaningful on a machine shared with other load.
+
+A kind ending in "+otel" runs with tracing on: the tasks are enqueued with slotd.enqueue_many
+inside a span (so each row carries a trace context) and every runner has the OpenTelemetry
+SDK with a BatchSpanProcessor whose exporter drops the spans (tests/bench/app.py).
 
 Roles come from the process titles slotd sets ("slotd: supervisor", "slotd: slot N",
 "slotd: runner N"); PostgreSQL's figure is every child of the postmaster (backends,
@@ -171,7 +176,9 @@ def drain(
     spy_dir: Path | None,
     tag: str,
 ) -> dict[str, float]:
-    daemon = Daemon(server.url(), slots=slots, app="tests.bench.app:registry").start()
+    task_type, _, otel = task_type.partition("+")
+    env = {"SLOTD_BENCH_TRACING": "1"} if otel else {}
+    daemon = Daemon(server.url(), slots=slots, app="tests.bench.app:registry", env=env).start()
     try:
         postmaster = _postmaster(server)
         wait_for(lambda: len([p for p in daemon.tree() if _role(p) == "runners"]) == slots)
@@ -182,7 +189,10 @@ def drain(
         before = snapshot(daemon, postmaster, backends)
         began = time.perf_counter()
         with conn.transaction():
-            enqueue_many(conn, [NewTask(task_type) for _ in range(n)])
+            if otel:
+                traced_enqueue(conn, [NewTask(task_type) for _ in range(n)])
+            else:
+                enqueue_many(conn, [NewTask(task_type) for _ in range(n)])
         wait_for(
             lambda: conn.execute("SELECT NOT EXISTS (SELECT FROM slotd_tasks)").fetchone()[0],
             timeout=1200,
@@ -197,6 +207,16 @@ def drain(
         return cpu
     finally:
         daemon.close()
+
+
+def traced_enqueue(conn: psycopg.Connection, rows: list[NewTask]) -> None:
+    """slotd.enqueue_many under a request's span (a provider of its own, never exported)."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    import slotd
+
+    with TracerProvider().get_tracer("bench").start_as_current_span("request"):
+        slotd.enqueue_many(conn, rows)
 
 
 def main() -> None:
