@@ -59,14 +59,30 @@ def drain(dsn: str, bench_dir: str, ledger: str, timeout: float) -> dict[str, An
         before = claimable_left(conn)
         if before == 0:
             return {"left_at_stop": 0, "drain_s": 0.0}
-        env = {**os.environ, "DATABASE_URL": dsn, "SLOTD_BENCH_LEDGER": ledger,
-               "SLOTD_METRICS_ADDR": "off", "BENCH_INSTANCE_ID": "drain"}
+        env = {
+            **os.environ,
+            "DATABASE_URL": dsn,
+            "SLOTD_BENCH_LEDGER": ledger,
+            "SLOTD_METRICS_ADDR": "off",
+            "BENCH_INSTANCE_ID": "drain",
+        }
         started = time.monotonic()
         proc = subprocess.Popen(
-            [os.path.join(bench_dir, ".venv", "bin", "python"), "-m", "slotd", "run",
-             "--app", "slotd_bench_app:registry", "--slots", "4"],
-            cwd=bench_dir, env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                os.path.join(bench_dir, ".venv", "bin", "python"),
+                "-m",
+                "slotd",
+                "run",
+                "--app",
+                "slotd_bench_app:registry",
+                "--slots",
+                "4",
+            ],
+            cwd=bench_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         try:
             while claimable_left(conn) and time.monotonic() - started < timeout:
@@ -74,8 +90,11 @@ def drain(dsn: str, bench_dir: str, ledger: str, timeout: float) -> dict[str, An
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
-        return {"left_at_stop": before, "drain_s": round(time.monotonic() - started, 1),
-                "left_after_drain": claimable_left(conn)}
+        return {
+            "left_at_stop": before,
+            "drain_s": round(time.monotonic() - started, 1),
+            "left_after_drain": claimable_left(conn),
+        }
 
 
 def audit_slotd(dsn: str, ledger: str, bench_dir: str | None, timeout: float) -> dict[str, Any]:

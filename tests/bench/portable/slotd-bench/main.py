@@ -400,7 +400,11 @@ def main() -> None:
         {
             "kind": "descriptor",
             "system": SYSTEM,
-            "event_tables": ["public.slotd_tasks", "public.slotd_replicas", "public.slotd_outcomes"],
+            "event_tables": [
+                "public.slotd_tasks",
+                "public.slotd_replicas",
+                "public.slotd_outcomes",
+            ],
             "extensions": [],
             "version": getattr(slotd, "__version__", "checkout"),
             "schema_version": "slotd migrate",
