@@ -128,8 +128,11 @@ def scenario_tables(scenario_dir: Path) -> str:
                 f"finished, {audit['lost']} lost, {audit['ran_twice']} ran twice "
                 f"({audit['ran_twice_same_attempt']} under one attempt number), "
                 f"{len(audit['dead_letters'])} dead letters, "
-                f"{drain.get('left_at_stop', 0)} still queued when the harness stopped "
-                f"(drained by one replica in {drain.get('drain_s', 0)} s).",
+                f"{drain.get('left_at_stop', 0)} still queued when the harness stopped, of "
+                f"which one replica then ran "
+                f"{drain.get('left_at_stop', 0) - drain.get('left_after_drain', 0)} in "
+                f"{drain.get('drain_s', 0)} s ({audit['still_queued']} still queued at the "
+                "audit's timeout: in the table, not lost).",
             ]
             if audit["ran_twice"]:
                 lines.append(f"Ran twice (id: attempts): {audit['ran_twice_ids']}")
