@@ -58,7 +58,8 @@ def p99_recovered_after(
         return None
     limit = max(2 * baseline, baseline + 20.0)
     for t, phase, value in samples:
-        if phase == recovery and t > stress_end and value <= limit:
+        # An empty window reports 0: no completions is not a recovered latency.
+        if phase == recovery and t > stress_end and 0 < value <= limit:
             return round(t - stress_end, 1)
     return None
 
