@@ -5,7 +5,10 @@ watchdog; one statement waiting on a slow or unreachable database would stop all
 a slow database would become a killed replica. So every statement the supervisor needs (the
 heartbeat, the settlement of a dead slot's lease, the hourly retention, opening the LISTEN
 connection, the goodbye) is a job posted here. The loop never waits for one: it watches
-`fileno()` like any other pipe and reads what finished with `finished()`."""
+`fileno()` like any other pipe and reads what finished with `finished()`.
+
+Between jobs the thread also writes what the dashboard shows (slotd/recorder.py): the
+outcome tally every few seconds and at shutdown, the lease holders, the fleet's backlog."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import psycopg
 
 from slotd import db
 from slotd.config import Settings
+from slotd.recorder import Recorder
 from slotd.repository import Repository
 
 log = logging.getLogger("slotd.chores")
@@ -37,9 +41,10 @@ class Done:
 
 
 class Chores:
-    def __init__(self, settings: Settings, url: str) -> None:
+    def __init__(self, settings: Settings, url: str, recorder: Recorder | None = None) -> None:
         self.settings = settings
         self.url = url
+        self.recorder = recorder
         self._jobs: queue.SimpleQueue[tuple[str, Callable[[], Any]] | None] = queue.SimpleQueue()
         self._done: collections.deque[Done] = collections.deque()
         self._r, self._w = os.pipe()
@@ -99,22 +104,37 @@ class Chores:
         return self._repo
 
     def _run(self) -> None:
-        while (item := self._jobs.get()) is not None:
-            name, job = item
+        recorder = self.recorder
+        while True:
             try:
-                done = Done(name, job())
-            except psycopg.Error as exc:
+                item = self._jobs.get(timeout=recorder.timeout() if recorder else None)
+            except queue.Empty:
+                item = ()  # only the record is due
+            if item is None:
+                break
+            if item:
+                self._run_job(*item)
+            if recorder is not None and not recorder.tick(self.repo):
                 self._forget_connection()
-                done = Done(name, error=exc)
-            except Exception as exc:  # noqa: BLE001 - a bug in one chore must not end them all
-                log.exception("chore %s failed", name)
-                done = Done(name, error=exc)
-            self._done.append(done)
-            try:
-                os.write(self._w, b"!")
-            except BlockingIOError:
-                pass  # the loop has a wake-up pending already
+        # After the last job (a dead slot's settlement among them): the final outcomes.
+        if recorder is not None:
+            recorder.final(self.repo)
         self._forget_connection()
+
+    def _run_job(self, name: str, job: Callable[[], Any]) -> None:
+        try:
+            done = Done(name, job())
+        except psycopg.Error as exc:
+            self._forget_connection()
+            done = Done(name, error=exc)
+        except Exception as exc:  # noqa: BLE001 - a bug in one chore must not end them all
+            log.exception("chore %s failed", name)
+            done = Done(name, error=exc)
+        self._done.append(done)
+        try:
+            os.write(self._w, b"!")
+        except BlockingIOError:
+            pass  # the loop has a wake-up pending already
 
     def _forget_connection(self) -> None:
         if self._repo is not None:

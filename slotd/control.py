@@ -11,13 +11,19 @@ import getpass
 import logging
 import os
 import socket
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
 
 from slotd import repository
 from slotd.registry import validate_type_name
-from slotd.repository import Executor
+from slotd.repository import CancelledTask, Executor
 
 log = logging.getLogger("slotd.control")
+
+CANCEL_BATCH = 1000
 
 
 def operator() -> str:
@@ -48,6 +54,55 @@ def cancel(conn: Executor, task_id: int, *, by: str | None = None) -> bool:
             extra={"task_id": task.id, "task_type": task.task_type, "by": who},
         )
     return bool(done)
+
+
+def cancel_matching(
+    conn: psycopg.Connection[Any],
+    *,
+    ids: Sequence[int] | None = None,
+    task_type: str | None = None,
+    key: str | None = None,
+    by: str | None = None,
+    batch: int = CANCEL_BATCH,
+    first: Callable[[psycopg.Connection[Any]], Any] | None = None,
+) -> list[CancelledTask]:
+    """Cancel every live task with these ids, or of this type (and key), for an operator's
+    command (`slotd cancel`, the dashboard): on an autocommit connection, in batches that
+    each commit, so cancelling a huge backlog never holds its row locks in one long
+    transaction. `first` runs first in each batch's transaction (the dashboard's bounds).
+    Returns what was cancelled."""
+    if bool(ids) == (task_type is not None):
+        raise ValueError("cancel: say which: ids, or a task type (and a key)")
+    if key is not None and task_type is None:
+        raise ValueError("cancel: a key needs its task type")
+    who = by or operator()
+    done: list[CancelledTask] = []
+    while True:
+        with conn.transaction():
+            if first is not None:
+                first(conn)
+            found = repository.cancel_tasks(
+                conn,
+                ids=list(ids) if ids else None,
+                task_type=task_type,
+                key=key,
+                by=who,
+                batch=len(ids) if ids else batch,
+            )
+        done += found
+        if ids or len(found) < batch:
+            break
+    if done:
+        log.info(
+            "cancelled %d task(s)%s by %s",
+            len(done),
+            f" of type {task_type}" + (f" with key {key}" if key is not None else "")
+            if task_type
+            else "",
+            who,
+            extra={"task_type": task_type, "by": who},
+        )
+    return done
 
 
 def pause(

@@ -109,16 +109,11 @@ _said_pooled = False
 _pooled: weakref.WeakKeyDictionary[psycopg.Connection[Any], bool] = weakref.WeakKeyDictionary()
 
 
-def connect(
-    url: str, *, role: str = "slotd", prepare: str = "auto", **kwargs: Any
-) -> psycopg.Connection[Any]:
-    """An autocommit connection with TCP keepalives, so a dead peer is noticed in seconds
-    rather than at the kernel's two-hour default.
-
-    `prepare` (SLOTD_PREPARE): `on` keeps psycopg's automatic server-side prepared
-    statements, `off` never prepares, `auto` prepares unless the connection goes through a
-    pooler (see `pooled`), where a prepared statement would outlive the server session it
-    was made on."""
+def connect_params(role: str = "slotd", **kwargs: Any) -> dict[str, Any]:
+    """The connection parameters of every slotd connection: autocommit, TCP keepalives
+    (a dead peer is noticed in seconds rather than at the kernel's two-hour default), a
+    connect timeout, the role as application_name. For a pool of them (the dashboard's)
+    as for one."""
     params: dict[str, Any] = {
         "autocommit": True,
         "connect_timeout": 10,
@@ -129,10 +124,27 @@ def connect(
         "keepalives_count": 3,
     }
     params.update(kwargs)
-    conn = proc.track(psycopg.connect(url, **params))
+    return params
+
+
+def configure(conn: psycopg.Connection[Any], prepare: str) -> None:
+    """Once per new connection (one of `connect`'s, or of a pool's): `prepare`
+    (SLOTD_PREPARE): `on` keeps psycopg's automatic server-side prepared statements, `off`
+    never prepares, `auto` prepares unless the connection goes through a pooler (see
+    `pooled`), where a prepared statement would outlive the server session it was made on;
+    and READ COMMITTED whatever the server's default (see `_read_committed`)."""
     if prepare == "off" or (prepare == "auto" and _auto_unprepared(conn)):
         conn.prepare_threshold = None
     _read_committed(conn, prepare)
+
+
+def connect(
+    url: str, *, role: str = "slotd", prepare: str = "auto", **kwargs: Any
+) -> psycopg.Connection[Any]:
+    """An autocommit connection (see `connect_params`), prepared statements as `prepare`
+    says, at READ COMMITTED (see `configure`)."""
+    conn = proc.track(psycopg.connect(url, **connect_params(role, **kwargs)))
+    configure(conn, prepare)
     return conn
 
 

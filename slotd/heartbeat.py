@@ -1,7 +1,7 @@
 """The replica's periodic statements, posted to the chores thread by the supervisor's loop:
-the heartbeat (which announces the replica, says which slot holds which lease and flushes
-the outcomes counted since the last one to slotd_outcomes, the dashboard's chart) and the
-hourly retention.
+the heartbeat (which announces the replica and says which slot holds which lease) and the
+hourly retention. The outcomes counted here (`tally`) go to slotd_outcomes, the dashboard's
+chart, by the chores thread's own flush: every few seconds and at shutdown (slotd/chores.py).
 
 Posted, never run here: the loop never waits on the database (slotd/chores.py)."""
 
@@ -11,7 +11,6 @@ import logging
 import os
 import socket
 from collections.abc import Mapping
-from typing import Any
 
 from slotd import maintenance
 from slotd.chores import Chores
@@ -35,30 +34,29 @@ class Heartbeat:
         self.settings = settings
         self.registry = registry
         self.slots = slots  # the pool's live map of slot number -> handle; only read here
-        self.tally = MinuteTally()  # the dashboard's outcome chart, flushed per heartbeat
-        self.unflushed: list[Any] = []  # what the heartbeat in flight carries
+        self.tally = MinuteTally()  # the dashboard's outcome chart, flushed by the chores
 
     def post(self, chores: Chores) -> None:
         """Announce this replica (one statement per heartbeat besides its discoveries), on
         the chores thread; one at a time, so a stalled database is not sent a pile of them.
-        The same job adds the outcomes counted since the last one to slotd_outcomes (the
-        dashboard's chart) and says which slot holds which lease."""
+        It says which slot holds which lease."""
         if not chores.pending["heartbeat"]:
             replica = (self.replica_id, socket.gethostname(), os.getpid())
             slots, types = self.settings.slots, self.registry.types
-            leases = {h.lease.id: n for n, h in self.slots.items() if h.lease is not None}
+            leases = self.leases()
             limits = self.registry.concurrency_limits
-            self.unflushed = rows = self.tally.drain()
 
             def job() -> None:
                 repo = chores.repo()
                 repo.heartbeat(*replica, slots, types, leases, limits)
-                repo.record_outcomes(rows)
 
             chores.post("heartbeat", job)
 
-    def failed(self) -> None:
-        self.tally.restore(self.unflushed)  # the chart catches up at the next heartbeat
+    def leases(self) -> dict[int, int]:
+        """task id -> the slot holding its lease. Also read by the chores thread (the
+        recorder): `list()` copies the map in one step under the GIL and each lease is read
+        once, so the loop's changes meanwhile cannot break the iteration."""
+        return {lease.id: n for n, h in list(self.slots.items()) if (lease := h.lease) is not None}
 
     def post_retention(self, chores: Chores) -> None:
         retention = self.settings.retention

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -59,22 +60,27 @@ def past(deadline: datetime) -> bool:
 
 class MinuteTally:
     """Outcomes counted by (minute, task type, outcome) between two flushes: the
-    supervisor's contribution to the dashboard's last-hour chart (slotd_outcomes)."""
+    supervisor's contribution to the dashboard's outcome chart (slotd_outcomes). The
+    supervisor's loop adds, the chores thread drains (slotd.chores): the lock is held for a
+    counter update or a swap, never across a statement."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self.counts: Counter[tuple[datetime, str, str]] = Counter()
+        self._lock = threading.Lock()
 
     def add(self, task_type: str, outcome: str) -> None:
         minute = datetime.fromtimestamp(self.clock() // 60 * 60, tz=UTC)
-        self.counts[(minute, task_type, outcome)] += 1
+        with self._lock:
+            self.counts[(minute, task_type, outcome)] += 1
 
     def drain(self) -> list[tuple[datetime, str, str, int]]:
-        rows = [(*key, n) for key, n in self.counts.items()]
-        self.counts.clear()
-        return rows
+        with self._lock:
+            counts, self.counts = self.counts, Counter()
+        return [(*key, n) for key, n in counts.items()]
 
     def restore(self, rows: list[tuple[datetime, str, str, int]]) -> None:
         """A flush that failed: keep its counts for the next one."""
-        for minute, task_type, outcome, n in rows:
-            self.counts[(minute, task_type, outcome)] += n
+        with self._lock:
+            for minute, task_type, outcome, n in rows:
+                self.counts[(minute, task_type, outcome)] += n

@@ -31,6 +31,7 @@ from slotd.heartbeat import Heartbeat
 from slotd.ledger import Ledger, Settled
 from slotd.listener import Listener
 from slotd.outcome import Result
+from slotd.recorder import Recorder
 from slotd.registry import Registry
 from slotd.repository import Claimed
 from slotd.slot import SlotSpec
@@ -106,7 +107,8 @@ class Supervisor:
         self.selfpipe = proc.SelfPipe()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, self._on_signal)
-        chores = self.chores = Chores(self.settings, self.write_url)
+        recorder = Recorder(self.heartbeat.tally, self.replica_id, self.heartbeat.leases)
+        chores = self.chores = Chores(self.settings, self.write_url, recorder)
         self.metrics, self.server = health.serve_metrics(
             self.settings, self.registry, self.read_url or self.write_url, self._vitals
         )
@@ -324,7 +326,6 @@ class Supervisor:
             if db.is_prepare_error(done.error):
                 self._fatal(db.PREPARE_ADVICE.format(error=db.first_line(done.error)))
             log.warning("heartbeat failed: %s", db.first_line(done.error))
-            self.heartbeat.failed()
         elif done.error is not None and done.name == "retention":
             log.warning("retention cleanup failed: %s", db.first_line(done.error))
 

@@ -547,6 +547,13 @@ DELETE FROM slotd_replicas WHERE replica_id = %(replica_id)s
 WITH pruned AS (
     DELETE FROM slotd_replicas WHERE seen_at < now() - interval '10 minutes'
 )
+{live_replicas}
+
+-- name: dash_replicas
+-- The live replicas without the prune: the dashboard may read from a hot standby.
+{live_replicas}
+
+-- fragment: live_replicas
 SELECT replica_id, hostname, pid, slots, task_types, leases, limits,
        extract(epoch FROM now() - seen_at)::float8 AS seen_ago_s
 FROM slotd_replicas
@@ -813,7 +820,12 @@ SELECT ty.task_type,
                               LIMIT %(cap)s) c) AS dead,
        (SELECT extract(epoch FROM now() - t.run_at)::float8 FROM slotd_tasks t
         WHERE t.task_type = ty.task_type AND {claimable}
-        ORDER BY t.run_at LIMIT 1) AS oldest_due_s
+        ORDER BY t.run_at LIMIT 1) AS oldest_due_s,
+       -- A paused type's backlog waits too, on purpose: its wait, pause or not.
+       (SELECT extract(epoch FROM now() - t.run_at)::float8 FROM slotd_tasks t
+        WHERE t.task_type = ty.task_type AND t.run_at <= now() AND {retryable}
+          AND NOT {lease_live}
+        ORDER BY t.run_at LIMIT 1) AS oldest_waiting_s
 FROM unnest(%(types)s::text[]) AS ty(task_type)
 ORDER BY ty.task_type
 
@@ -843,7 +855,7 @@ ON CONFLICT (minute, task_type, outcome) DO UPDATE SET count = o.count + exclude
 SELECT t.id, t.task_type, {task_key} AS key, t.attempt_count, t.max_attempts,
        t.last_attempted_at AS started_at, t.lease_expires_at,
        t.lease_expires_at - make_interval(secs => %(margin_s)s) AS deadline,
-       {lease_live} AS lease_live, now() AS db_now,
+       {lease_live} AS lease_live, now() AS db_now, t.cancelled_at IS NOT NULL AS cancelled,
        h.hostname, h.pid, h.slot
 FROM slotd_tasks t
 LEFT JOIN LATERAL (
@@ -856,11 +868,18 @@ ORDER BY t.lease_expires_at, t.id
 LIMIT %(limit)s
 
 -- name: dash_task
+-- One task, with the replica and slot holding its lease as its replica last said.
 SELECT t.id, t.task_type, {task_key} AS key, t.payload, t.run_at, t.attempt_count,
        t.max_attempts, t.lease_token IS NOT NULL AS leased, t.lease_expires_at, t.last_error,
-       t.last_attempted_at, t.created_at, now() AS db_now,
-       {dead} AS dead, {running} AS running, {claimable} AS due
+       t.last_attempted_at, t.created_at, now() AS db_now, t.cancelled_at,
+       {dead} AS dead, {running} AS running, {claimable} AS due,
+       h.hostname, h.pid, h.slot
 FROM slotd_tasks t
+LEFT JOIN LATERAL (
+    SELECT r.hostname, r.pid, (r.leases ->> t.id::text)::int AS slot
+    FROM slotd_replicas r WHERE t.lease_token IS NOT NULL AND r.leases ? t.id::text
+    ORDER BY r.seen_at DESC LIMIT 1
+) h ON true
 WHERE t.id = %(id)s
 
 -- name: dash_dead_count
@@ -876,9 +895,13 @@ SELECT count(*) FROM (
 -- capabilities that have landed without knowing their release.
 SELECT n FROM unnest(%(names)s::text[]) AS n WHERE to_regclass(n) IS NOT NULL
 
--- name: dash_read_timeout
--- A dashboard session's statements never run long, whatever a page asks.
-SELECT set_config('statement_timeout', %(statement_timeout)s, false)
+-- name: dash_bound
+-- The first statement of each dashboard transaction: none of its statements runs long or
+-- waits long for a lock, whatever a page asks. Local to the transaction (never the
+-- session's): behind a transaction-mode pooler a session setting would stay on the server
+-- connection for the pool's other clients.
+SELECT set_config('statement_timeout', %(statement_timeout)s, true),
+       set_config('lock_timeout', %(lock_timeout)s, true)
 
 -- name: dash_schedules
 -- Whatever columns the schedules table has (read only once dash_tables found it).

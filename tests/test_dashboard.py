@@ -77,7 +77,7 @@ def test_overview_counts_equal_status_json(client: TestClient, conn: Any, db_url
     for task_type in ("mail.send", "audit"):
         for kind in ("pending", "running", "dead"):
             cell = re.search(
-                rf'<tr data-type="{re.escape(task_type)}">.*?data-kind="{kind}">(\d+)<',
+                rf'<tr data-type="{re.escape(task_type)}"[^>]*>.*?data-kind="{kind}">(\d+)<',
                 page,
                 re.S,
             )
@@ -111,7 +111,7 @@ def test_task_detail_shows_traceback_run_at_key_and_cursor(client: TestClient, c
     task_id = dead_letter(conn, "audit", payload={"cursor": "s/42/page-9"}, key="org:7")
     page = client.get(f"/tasks/{task_id}").text
     assert "Traceback (most recent call last)" in page and "ValueError: bad org 7" in page
-    assert "s/42/page-9" in page and "org:7" in page and "run_at" in page
+    assert "s/42/page-9" in page and "org:7" in page and "<dt>due</dt>" in page
     assert client.get("/tasks/999999").status_code == 404
 
 
@@ -240,7 +240,7 @@ def test_no_password_on_any_page(db_url: str, conn: Any) -> None:
             assert SECRET not in c.get(path).text
     down = f"postgresql://slotd:{SECRET}@/x?host=/nonexistent/sock&connect_timeout=1"
     app = create_app(down, settings=DashboardSettings())
-    app.state.dashboard.pool = lambda: (_ for _ in ()).throw(  # type: ignore[attr-defined]
+    app.state.dashboard.database._pool = lambda lane: (_ for _ in ()).throw(  # type: ignore[attr-defined]
         psycopg.OperationalError(f"connection to {down} failed")
     )
     with TestClient(app) as c:
@@ -290,7 +290,7 @@ def test_paused_types_show_on_the_overview_and_schedules_page(
     for task_type in ("audit", "billing", "mail"):
         slotd.enqueue(conn, task_type, {})
     overview = client.get("/").text
-    cells = re.findall(r'<tr data-type="([^"]+)">.*?<td>([^<]*)</td>\s*<td>', overview, re.S)
+    cells = re.findall(r'<tr data-type="([^"]+)"[^>]*>.*?<td>([^<]*)</td>\s*<td>', overview, re.S)
     paused = dict(cells)
     assert paused["audit"] == "paused" and paused["mail"].startswith("until ")
     assert paused["billing"] == ""
@@ -368,3 +368,260 @@ def test_dashboard_statements_never_scan_the_table(conn: Any) -> None:
         assert "Seq Scan on slotd_tasks" not in plan, (label, plan)
         if label.startswith("dead_list") and label != "dead_list key":  # a key: a few rows
             assert "Sort Key: (COALESCE" not in plan, (label, plan)  # the listing's order
+
+
+def test_a_storm_of_lost_or_crashed_attempts_is_flagged_on_the_overview(
+    client: TestClient, conn: Any
+) -> None:
+    from datetime import UTC, datetime
+
+    minute = datetime.now(UTC).replace(second=0, microsecond=0)
+    Repository(conn).record_outcomes([(minute, "audit", "success", 9)])
+    assert 'class="notice alarm"' not in client.get("/").text
+    Repository(conn).record_outcomes(
+        [(minute, "audit", "lost", 31), (minute - timedelta(minutes=3), "mail", "crashed", 4)]
+    )
+    page = client.get("/").text
+    assert re.search(r'data-outcome="lost"><strong>31 lost</strong> attempts in the last 15', page)
+    assert re.search(r'data-outcome="crashed"><strong>4 crashed</strong>', page)
+
+
+def lease(conn: Any, task_id: int) -> None:
+    """The row as a claim leaves it: a live lease, attempt 1."""
+    conn.execute(
+        "UPDATE slotd_tasks SET lease_token = gen_random_uuid(), attempt_count = 1, "
+        "last_attempted_at = now(), lease_expires_at = now() + interval '1 hour' WHERE id = %s",
+        (task_id,),
+    )
+
+
+def cancelled_ids(conn: Any) -> set[int]:
+    rows = conn.execute("SELECT id FROM slotd_tasks WHERE cancelled_at IS NOT NULL")
+    return {r[0] for r in rows}
+
+
+def test_cancel_one_task_from_its_page_is_recorded_with_who_and_logged(
+    client: TestClient, conn: Any, caplog: Any
+) -> None:
+    pending = slotd.enqueue(conn, "report", {})
+    running = slotd.enqueue(conn, "report", {})
+    lease(conn, running)
+    page = client.get(f"/tasks/{running}").text
+    assert 'id="cancel-task"' in page and "running for" in page
+    with caplog.at_level(logging.INFO, logger="slotd.dashboard"):
+        for task_id in (pending, running):
+            reply = client.post(
+                f"/tasks/{task_id}/cancel",
+                data={"csrf": csrf_of(page), "back": f"/tasks/{task_id}"},
+                follow_redirects=True,
+            )
+            assert reply.status_code == 200
+    assert "cancelled 1 task (1 running: their replicas stop them)" in reply.text
+    assert cancelled_ids(conn) == {pending, running}
+    reason = conn.execute("SELECT last_error FROM slotd_tasks WHERE id = %s", (pending,))
+    assert reason.fetchone()[0].startswith("cancelled by anonymous@dashboard at ")
+    assert any(f"action=cancel scope=ids:{running} count=1" in r.message for r in caplog.records)
+    # A second cancel finds nothing live: said so, nothing changed.
+    again = client.post(f"/tasks/{pending}/cancel", data={"csrf": csrf_of(page)})
+    assert "cancelled 0 tasks: nothing live matched" in again.text
+
+
+def test_cancel_all_of_a_type_or_key_asks_with_a_count_first(client: TestClient, conn: Any) -> None:
+    ids = slotd.enqueue_many(
+        conn, [("report", {}, None, "a"), ("report", {}, None, "b"), ("report", {}, None, "c")]
+    )
+    lease(conn, ids[2])
+    other = slotd.enqueue(conn, "audit", {})
+    csrf = csrf_of(client.get("/").text)
+    ask = client.post("/cancel", data={"csrf": csrf, "type": "report", "back": "/"})
+    assert "Cancel 3 live tasks of report?" in ask.text and "1 running" in ask.text
+    assert cancelled_ids(conn) == set()
+    by_key = client.post("/cancel", data={"csrf": csrf, "type": "report", "key": "b"})
+    assert "Cancel 1 live task of report with key b?" in by_key.text
+    client.post("/cancel", data={"csrf": csrf, "type": "report", "key": "b", "confirm": "yes"})
+    assert cancelled_ids(conn) == {ids[1]}
+    done = client.post(
+        "/cancel",
+        data={"csrf": csrf, "type": "report", "confirm": "yes", "back": "/"},
+        follow_redirects=True,
+    )
+    assert "cancelled 2 tasks (1 running" in done.text
+    assert cancelled_ids(conn) == set(ids) and other not in cancelled_ids(conn)
+
+
+def test_pause_for_a_while_and_resume_from_the_overview(client: TestClient, conn: Any) -> None:
+    slotd.enqueue(conn, "report", {})
+    csrf = csrf_of(client.get("/").text)
+    paused = client.post(
+        "/types/pause",
+        data={"csrf": csrf, "type": "report", "until": "30m", "back": "/"},
+        follow_redirects=True,
+    )
+    assert "paused report for 30m" in paused.text
+    [row] = slotd.repository.paused_types(conn)
+    assert row["paused_by"] == "anonymous@dashboard" and 1790 < row["remaining_s"] <= 1800
+    assert 'data-action="resume"' in paused.text  # the row now offers Resume
+    schedules = client.get("/schedules").text
+    assert "<th>time left</th>" in schedules and "REMAINING_S" not in schedules.upper()
+    assert re.search(r"<td>(29m 5\d|30m 00)s</td>", schedules), schedules
+    resumed = client.post(
+        "/types/resume", data={"csrf": csrf, "type": "report"}, follow_redirects=True
+    )
+    assert "resumed report" in resumed.text and not slotd.repository.paused_types(conn)
+    bad = client.post("/types/pause", data={"csrf": csrf, "type": "report", "until": "soon"})
+    assert bad.status_code == 400 and "bad until" in bad.text
+    assert not slotd.repository.paused_types(conn)
+
+
+@pytest.mark.parametrize(
+    "path, form",
+    [
+        ("/tasks/{id}/cancel", {}),
+        ("/cancel", {"type": "report", "confirm": "yes"}),
+        ("/types/pause", {"type": "report"}),
+    ],
+)
+def test_live_work_actions_need_the_setting_and_the_csrf_token(
+    db_url: str, conn: Any, path: str, form: dict[str, str]
+) -> None:
+    task_id = slotd.enqueue(conn, "report", {})
+    path = path.replace("{id}", str(task_id))
+    with make_client(db_url) as ro:
+        page = ro.get(f"/tasks/{task_id}").text
+        assert 'id="cancel-task"' not in page and "Pause</button>" not in ro.get("/").text
+        csrf = str(ro.cookies.get("slotd_csrf"))  # the right token: refused all the same
+        assert ro.post(path, data={**form, "csrf": csrf}).status_code == 403
+    with make_client(db_url, actions=True) as rw:
+        rw.get("/")
+        assert rw.post(path, data=form).status_code == 403
+        assert rw.post(path, data={**form, "csrf": "forged"}).status_code == 403
+    assert cancelled_ids(conn) == set() and not slotd.repository.paused_types(conn)
+
+
+def many_dead(conn: Any, n: int, task_type: str = "audit") -> list[int]:
+    """n dead letters, one stopping each second, the newest first in the list: ids, newest first."""
+    ids = slotd.enqueue_many(conn, [(task_type, {"i": i}) for i in range(n)])
+    conn.execute(
+        "UPDATE slotd_tasks SET attempt_count = max_attempts, "
+        "last_attempted_at = now() - (id %% 1000) * interval '1 second', "
+        "last_error = 'Traceback (most recent call last):\n' || "
+        "CASE WHEN id %% 10 = 0 THEN 'KeyError: org ' ELSE 'ValueError: bad org ' END || id "
+        "WHERE id = ANY(%s)",
+        (ids,),
+    )
+    return sorted(ids, key=lambda i: i % 1000)
+
+
+def listed(page: str, table: str) -> list[int]:
+    body = page.split(f'id="{table}"', 1)[-1] if f'id="{table}"' in page else ""
+    return [int(i) for i in re.findall(r'<tr data-id="(\d+)"', body)]
+
+
+def follow(client: TestClient, path: str, table: str) -> list[list[int]]:
+    pages = []
+    while path:
+        page = client.get(path)
+        assert page.status_code == 200, page.text[-300:]
+        pages.append(listed(page.text, table))
+        found = re.search(r'<a href="([^"]+)" id="next-page">', page.text)
+        path = found.group(1).replace("&amp;", "&") if found else ""
+    return pages
+
+
+def test_dead_letters_page_by_keyset_with_no_gap_or_repeat(client: TestClient, conn: Any) -> None:
+    newest_first = many_dead(conn, 250)
+    pages = follow(client, "/dead", "dead")
+    assert [len(p) for p in pages] == [100, 100, 50]
+    assert [i for p in pages for i in p] == newest_first
+    assert "?after=" in client.get("/dead").text and "« Newest" not in client.get("/dead").text
+    # The same by type, and a type's pages hold only its own.
+    many_dead(conn, 5, "billing")
+    by_type = follow(client, "/dead?type=audit", "dead")
+    assert [i for p in by_type for i in p] == newest_first
+
+
+def test_dead_letters_searched_by_the_start_of_their_error_line(
+    client: TestClient, conn: Any, monkeypatch: Any
+) -> None:
+    from slotd.web import listings
+
+    newest_first = many_dead(conn, 60)
+    key_errors = [i for i in newest_first if i % 10 == 0]
+    page = client.get("/dead?error=keyerror: ORG").text  # case-insensitive
+    assert listed(page, "dead") == key_errors and "KeyError: org" in page
+    # A search looks through a bounded stretch at a time and says where it went on from.
+    monkeypatch.setattr(listings, "ERROR_SCAN", 25)
+    pages = follow(client, "/dead?error=KeyError", "dead")
+    assert [i for p in pages for i in p] == key_errors and len(pages) == 3
+    assert client.get("/dead?after=nonsense").status_code == 400
+
+
+def test_live_tasks_page_by_keyset_in_due_order(client: TestClient, conn: Any) -> None:
+    ids = slotd.enqueue_many(conn, [("report", {"i": i}) for i in range(130)])
+    conn.execute(
+        "UPDATE slotd_tasks SET run_at = now() + (id %% 7) * interval '1 minute' "
+        "WHERE id = ANY(%s)",
+        (ids,),
+    )
+    order = [r[0] for r in conn.execute("SELECT id FROM slotd_tasks ORDER BY run_at, id")]
+    pages = follow(client, "/tasks", "tasks")
+    assert [len(p) for p in pages] == [100, 30]
+    assert [i for p in pages for i in p] == order
+    one = client.get(f"/tasks?q={ids[5]}").text
+    assert listed(one, "tasks") == [ids[5]]
+
+
+def test_keyset_pages_read_their_index_from_the_cursor(conn: Any) -> None:
+    """A later page is an index range from the cursor, never a walk from the top or a sort."""
+    conn.execute(
+        "INSERT INTO slotd_tasks (task_type, key, attempt_count, max_attempts, "
+        "last_attempted_at, run_at) "
+        "SELECT 'type_' || g % 7, 'k' || g, CASE WHEN g % 3 = 0 THEN 0 ELSE 20 END, 20, "
+        "now() - g * interval '1 second', now() + g * interval '1 second' "
+        "FROM generate_series(1, 20000) g"
+    )
+    conn.execute("VACUUM (ANALYZE) slotd_tasks")
+    at = conn.execute("SELECT now() - interval '5000 seconds'").fetchone()[0]
+    types = [f"type_{n}" for n in range(7)]
+    search = {"ids": None, "key": None, "key_types": types, "limit": 100}
+    for task_type in (None, "type_3"):
+        params = {**search, "task_type": task_type, "after_at": at, "after_id": 15000}
+        plan = "\n".join(
+            r[0] for r in conn.execute("EXPLAIN " + statements()["dash_dead_page"], params)
+        )
+        assert "Index Cond: " in plan and "ROW(COALESCE" in plan, plan
+        assert "Sort Key: (COALESCE" not in plan, plan
+    params = {**search, "task_type": "type_3", "after_at": at, "after_id": 3000}
+    sql = statements()["dash_tasks_page"]
+    plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql, params))
+    assert "Index Cond: ((task_type = 'type_3'::text) AND (ROW(run_at, id) >" in plan, plan
+
+
+def test_overview_charts_the_backlog_and_flags_the_oldest_due(
+    client: TestClient, conn: Any
+) -> None:
+    conn.execute(
+        "INSERT INTO slotd_queue_history (minute, task_type, pending, running, oldest_due_s) "
+        "SELECT date_trunc('minute', now()) - m * interval '1 minute', t, 10 * m, 1, m * 60 "
+        "FROM generate_series(0, 30) m, unnest(ARRAY['report', 'audit']) t"
+    )
+    late = slotd.enqueue(conn, "report", {})
+    conn.execute(
+        "UPDATE slotd_tasks SET run_at = now() - interval '95 seconds' WHERE id = %s", (late,)
+    )
+    slotd.enqueue(conn, "audit", {})  # due now: not late
+    slotd.pause(conn, "held", by="ops")
+    held = slotd.enqueue(conn, "held", {})
+    conn.execute("UPDATE slotd_tasks SET run_at = now() - interval '1 hour' WHERE id = %s", (held,))
+    page = client.get("/").text
+    headline = re.search(r'id="oldest-due">(.*?)</p>', page, re.S)
+    assert headline and re.search(
+        r"Oldest due: <strong[^>]*>1m 3\d+s</strong> \(report\)", headline.group(1)
+    )
+    # Starved (its oldest due cell in red); the flag says why: no replica serves it here.
+    assert '<tr data-type="report" class="starved">' in page
+    assert '<tr data-type="audit" class="">' in page
+    assert re.search(r'data-type="held".*?1h 00m \(paused\)', page, re.S)  # waits on purpose
+    for field in ("pending", "running", "oldest_due_s"):
+        chart = re.search(rf'data-chart="{field}">(.*?)</figure>', page, re.S)
+        assert chart and chart.group(1).count("<polyline") == 2, field

@@ -294,6 +294,97 @@ def test_schedules_page_lists_the_fleets_schedules_and_pauses(
     slotd.resume(conn, "report.weekly")
 
 
+def leased(conn: Any, task_id: int) -> bool:
+    row = conn.execute(
+        "SELECT lease_token IS NOT NULL FROM slotd_tasks WHERE id = %s", (task_id,)
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def test_cancel_a_running_task_from_running_now_and_it_ends_cancelled(
+    world: dict[str, Any], page: Any
+) -> None:
+    conn, tmp = world["conn"], world["tmp"]
+    task_id = enqueue(conn, "dash.slow", {"release": str(tmp / "never-released")})
+    wait_for(lambda: leased(conn, task_id), what="the slow task to be claimed")
+    page.goto(world["base"] + "/running")
+    row = page.locator(f'#running tr[data-id="{task_id}"]')
+    assert re.fullmatch(r"\d+s", row.locator("td.age").inner_text())
+    row.locator("button", has_text="Cancel").click()
+    page.wait_for_url(re.compile(r"/running\?done=cancel"))
+    assert page.locator("#notice").inner_text() == (
+        "cancelled 1 task (1 running: their replicas stop them)"
+    )
+    # The replica hears of it, stops the handler and settles the lease: a dead letter.
+    wait_for(lambda: is_dead(conn, task_id), what="the cancelled task to be settled")
+    page.goto(world["base"] + f"/tasks/{task_id}")
+    assert page.locator("h1 .state").inner_text() == "dead"
+    assert page.locator("#error").inner_text().startswith("cancelled by token@dashboard at ")
+    assert page.locator("#cancel-task").count() == 0  # nothing left to cancel
+    wait_for(
+        lambda: conn.execute(
+            "SELECT sum(count) FROM slotd_outcomes WHERE task_type = 'dash.slow' "
+            "AND outcome = 'cancelled'"
+        ).fetchone()[0],
+        what="the cancelled outcome in the record",
+    )
+    log = world["log"].read_text()
+    assert re.search(rf"who=token .*action=cancel scope=ids:{task_id} count=1", log), log
+
+
+def test_pause_stops_claims_of_a_type_and_resume_starts_them_again(
+    world: dict[str, Any], page: Any
+) -> None:
+    conn, tmp = world["conn"], world["tmp"]
+    page.goto(world["base"] + "/")
+    row = page.locator('#types tr[data-type="dash.digest"]')
+    row.locator("button[data-action=pause]").click()
+    page.wait_for_url(re.compile(r"/\?done=pause"))
+    assert page.locator("#notice").inner_text() == "paused dash.digest until resumed"
+    held = enqueue(conn, "dash.digest", {})
+    (tmp / "fixed-pause").touch()
+    after = enqueue(conn, "dash.flaky", {"fixed": str(tmp / "fixed-pause"), "org": 0})
+
+    def gone(task_id: int) -> bool:
+        found = conn.execute("SELECT 1 FROM slotd_tasks WHERE id = %s", (task_id,)).fetchone()
+        return found is None
+
+    # A task enqueued after it ran: the replica claims, and passes the paused type by.
+    wait_for(lambda: gone(after), what="the later task of another type to run")
+    assert not gone(held) and not leased(conn, held)
+    page.goto(world["base"] + "/")
+    assert "paused" in row.inner_text()
+    shot(page, "overview-paused")
+    row.locator("button[data-action=resume]").click()
+    page.wait_for_url(re.compile(r"/\?done=resume"))
+    assert page.locator("#notice").inner_text() == "resumed dash.digest"
+    wait_for(lambda: gone(held), what="the paused type's task to run after the resume")
+    log = world["log"].read_text()
+    assert re.search(r"who=token .*action=pause scope=type:dash.digest count=1", log), log
+
+
+def test_page_past_the_first_100_dead_letters(world: dict[str, Any], page: Any) -> None:
+    conn = world["conn"]
+    ids = slotd.enqueue_many(conn, [("dash.bulk", {"i": i}) for i in range(130)])
+    # 130 dead letters of a type no replica serves, one stopping each second.
+    conn.execute(
+        "UPDATE slotd_tasks SET attempt_count = max_attempts, last_error = 'ValueError: bulk', "
+        "last_attempted_at = now() - (id - %s) * interval '1 second' WHERE id = ANY(%s)",
+        (ids[0], ids),
+    )
+    page.goto(world["base"] + "/dead?type=dash.bulk")
+    first = [int(r.get_attribute("data-id")) for r in page.locator("#dead tbody tr").all()]
+    assert first == ids[:100]
+    page.click("#next-page")
+    page.wait_for_url(re.compile(r"after="))
+    second = [int(r.get_attribute("data-id")) for r in page.locator("#dead tbody tr").all()]
+    assert second == ids[100:]
+    assert page.locator("#next-page").count() == 0
+    page.click("#first-page")
+    page.wait_for_url(re.compile(r"/dead\?type=dash.bulk$"))
+    assert page.locator("#dead tbody tr").count() == 100
+
+
 def test_outcome_chart_shows_what_the_replica_reported(world: dict[str, Any], page: Any) -> None:
     """The supervisor adds its slots' outcomes to slotd_outcomes at each heartbeat;
     the chart then shows them. Runs last: the earlier tests made the outcomes."""

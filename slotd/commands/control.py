@@ -11,11 +11,9 @@ import click
 
 from slotd.commands.ops import _duration, _repository, _task_type
 from slotd.config import format_duration
-from slotd.control import operator
+from slotd.control import cancel_matching, operator
 from slotd.errors import ConfigError
-from slotd.repository import CancelledTask, cancel_tasks, pause_type, resume_type
-
-CANCEL_BATCH = 1000
+from slotd.repository import pause_type, resume_type
 
 
 @click.command("cancel")
@@ -33,22 +31,8 @@ def cancel(
     if key is not None and task_type is None:
         raise ConfigError("cancel: --key needs --type")
     name = _task_type(task_type)
-    who = operator()
-    done: list[CancelledTask] = []
     with _repository(ctx, "cancel") as repo:
-        while True:  # by type: batches that each commit, so a huge cancel holds no long lock
-            with repo.write.transaction():
-                batch = cancel_tasks(
-                    repo.write,
-                    ids=list(ids) or None,
-                    task_type=name,
-                    key=key,
-                    by=who,
-                    batch=len(ids) if ids else CANCEL_BATCH,
-                )
-            done += batch
-            if ids or len(batch) < CANCEL_BATCH:
-                break
+        done = cancel_matching(repo.write, ids=ids, task_type=name, key=key, by=operator())
     running = [t.id for t in done if t.running]
     click.echo(
         f"cancelled {len(done)} task{'s' if len(done) != 1 else ''}"
@@ -56,12 +40,21 @@ def cancel(
     )
     for task in done:
         click.echo(f"  {task.id} {task.task_type} {'running' if task.running else 'pending'}")
+    # Nothing matched is exit 1 whichever selector said what to cancel.
     missing = sorted(set(ids) - {t.id for t in done})
     if missing:
         listed = ", ".join(str(i) for i in missing)
         click.echo(
             f"slotd: no live task with id {listed} (finished, dead, already cancelled, "
             "or never existed)",
+            err=True,
+        )
+        sys.exit(1)
+    if not ids and not done:
+        with_key = f" with key {key!r}" if key is not None else ""
+        click.echo(
+            f"slotd: no live task of type {name}{with_key} (finished, dead, already "
+            "cancelled, or never existed)",
             err=True,
         )
         sys.exit(1)

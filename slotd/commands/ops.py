@@ -19,6 +19,7 @@ from slotd import db
 from slotd.config import Settings, format_duration, parse_duration
 from slotd.enqueue import enqueue as enqueue_task
 from slotd.errors import ConfigError, SlotdError
+from slotd.history import ALARM_REASONS, recent_outcomes
 from slotd.maintenance import prune
 from slotd.payload import encode
 from slotd.registry import validate_type_name
@@ -122,6 +123,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         gauges = repo.gauges(limits)
         by_type = repo.oldest_due_by_type()
         paused = paused_types(repo.read)
+        recent = recent_outcomes(repo.read)
     types = sorted(set(gauges["pending"]) | set(gauges["running"]) | set(gauges["dead"]))
     if as_json:
         report = {
@@ -134,6 +136,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
             "oldest_due_by_type": by_type,
             "replicas": replicas,
             "slots": sum(r["slots"] for r in replicas),
+            "outcomes": recent.as_json(),
         }
         click.echo(_dump(report))
         return
@@ -152,6 +155,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     else:
         click.echo("no tasks")
     click.echo(f"oldest due: {_ago(gauges['oldest_due_seconds']) or '0s'}")
+    _echo_outcomes(recent)
     if paused:
         # Their due work is left out of the oldest-due figure: it waits on purpose.
         rows = [
@@ -181,6 +185,14 @@ def status(ctx: click.Context, as_json: bool) -> None:
         ]
         table = _table(("HOST", "PID", "SLOTS", "SEEN", "TYPES"), rows)
         click.echo("\n".join("  " + line for line in table.splitlines()))
+
+
+def _echo_outcomes(recent: Any) -> None:
+    counts = sorted(recent.by_outcome.items(), key=lambda kv: -kv[1])
+    listed = ", ".join(f"{n} {outcome}" for outcome, n in counts) or "none"
+    click.echo(f"attempts in the last {recent.minutes}m: {listed}")
+    for outcome, n in recent.alarming.items():
+        click.echo(f"  ! {n} {outcome}: {ALARM_REASONS[outcome]}")
 
 
 def declared_limits(replicas: Sequence[dict[str, Any]]) -> dict[str, tuple[int | None, int | None]]:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 
 from slotd.repository.control import OperatorControl, paused_types
-from slotd.repository.fleet import Fleet
-from slotd.repository.named import _dicts, _interval, _sql
+from slotd.repository.named import _dicts, _sql
 from slotd.repository.schedules import Schedules
 
 
@@ -19,18 +18,14 @@ class DashboardReads:
     by a cap or a limit; the counts use the gauges' predicates."""
 
     COUNT_CAP = 10_000
-    OPTIONAL_TABLES = ("slotd_schedules",)
+    OPTIONAL_TABLES = ("slotd_schedules", "slotd_queue_history")
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
 
-    @staticmethod
-    def prepare(conn: psycopg.Connection[Any], statement_timeout: timedelta) -> None:
-        """Once per pooled connection: no dashboard statement runs longer than this."""
-        conn.execute(_sql("dash_read_timeout"), {"statement_timeout": _interval(statement_timeout)})
-
     def replicas(self) -> list[dict[str, Any]]:
-        return Fleet(self.conn).replicas()
+        # Without the prune of `replicas`: the dashboard may read from a hot standby.
+        return _dicts(self.conn.execute(_sql("dash_replicas")))
 
     def dead_list(
         self, task_type: str | None, *, limit: int, **search: Any
@@ -58,6 +53,33 @@ class DashboardReads:
     def dead_count(self, task_type: str | None) -> int:
         params = {"task_type": task_type, "cap": self.COUNT_CAP}
         return int(self.conn.execute(_sql("dash_dead_count"), params).fetchone()[0])  # type: ignore[index]
+
+    def dead_page(
+        self, search: Mapping[str, Any], after: tuple[Any, int] | None, limit: int
+    ) -> list[dict[str, Any]]:
+        """One keyset page of dead letters, newest first. `search`: task_type, ids, key
+        (with key_types), error (a prefix of the error line; then also scan, how many dead
+        letters it looks through, and a last row with window_end set says where it stopped)."""
+        params = {"task_type": None, "ids": None, "key": None, "key_types": [], **search}
+        params.update(after_at=after[0] if after else None, after_id=after[1] if after else None)
+        params["limit"] = limit
+        name = "dash_dead_errors" if params.get("error") else "dash_dead_page"
+        return _dicts(self.conn.execute(_sql(name), params))
+
+    def tasks_page(
+        self, search: Mapping[str, Any], after: tuple[Any, int] | None, limit: int
+    ) -> list[dict[str, Any]]:
+        """One keyset page of live tasks in due order; `search` as for dead_page."""
+        params = {"task_type": None, "ids": None, "key": None, "key_types": [], **search}
+        params.update(after_at=after[0] if after else None, after_id=after[1] if after else None)
+        params["limit"] = limit
+        return _dicts(self.conn.execute(_sql("dash_tasks_page"), params))
+
+    def live_count(self, task_type: str, key: str | None) -> tuple[int, int]:
+        """What `cancel --type T [--key K]` would cancel now: (live, running), capped."""
+        params = {"task_type": task_type, "key": key, "cap": self.COUNT_CAP}
+        row = self.conn.execute(_sql("dash_live_count"), params).fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, 0)
 
     def tables(self) -> set[str]:
         cur = self.conn.execute(_sql("dash_tables"), {"names": list(self.OPTIONAL_TABLES)})

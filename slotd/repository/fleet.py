@@ -50,7 +50,7 @@ class Fleet(Lanes):
             return
         minutes, types, outcomes, counts = (list(col) for col in zip(*rows, strict=True))
         params = {"minutes": minutes, "types": types, "outcomes": outcomes, "counts": counts}
-        self.write.execute(_sql("record_outcomes"), params)
+        self._write("record_outcomes", params)  # bounded like every queue write
 
     def replica_gone(self, replica_id: str) -> None:
         self._write("replica_gone", {"replica_id": replica_id})

@@ -3,7 +3,6 @@ under `slotd dashboard`, or mounted in the user's own FastAPI/Starlette app."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,6 @@ from urllib.parse import urlencode
 
 import jinja2
 import psycopg
-from psycopg_pool import ConnectionPool
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -24,11 +22,13 @@ from slotd import db
 from slotd.config import Settings
 from slotd.registry import validate_type_name
 from slotd.repository import DashboardReads, Repository
-from slotd.web import pages
+from slotd.web import actions, formats, listings, pages
+from slotd.web.database import Database
 from slotd.web.security import (
     CSRF_COOKIE,
     SESSION_COOKIE,
-    audit,
+    back_path,
+    base_path,
     csrf_ok,
     csrf_token,
     identify,
@@ -37,8 +37,6 @@ from slotd.web.security import (
 from slotd.web.settings import DashboardSettings
 
 HERE = Path(__file__).resolve().parent
-RETRY_BATCH = 1000
-PURGE_BATCH = 5000
 # Scripts and styles only from our own /static: an injected <script> would not run even
 # if escaping ever failed. No framing (clickjacking a retry button), no referrer leaks.
 SECURITY_HEADERS = {
@@ -54,77 +52,40 @@ Handler = Callable[[Request, str], Awaitable[Response]]
 
 
 class Dashboard:
-    """One database pool, the settings, the templates; opened on the first request so a
-    mounted app needs no lifespan hook from its host."""
+    """The database's connections, the settings, the templates."""
 
-    def __init__(self, database_url: str, settings: DashboardSettings) -> None:
-        self.url = database_url
+    def __init__(self, database: Database, settings: DashboardSettings) -> None:
+        self.database = database
         self.settings = settings
         env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=True,  # every page, every value: payloads and errors are user data
             undefined=jinja2.StrictUndefined,
         )
-        env.filters["ago"] = _ago
+        env.filters.update(formats.FILTERS)
         self.templates = Jinja2Templates(env=env)
-        self._pool: ConnectionPool[Any] | None = None
-        self._lock = threading.Lock()
-
-    def pool(self) -> ConnectionPool[Any]:
-        with self._lock:
-            if self._pool is None:
-                timeout = self.settings.statement_timeout
-                self._pool = ConnectionPool(
-                    self.url,
-                    min_size=1,
-                    max_size=4,
-                    kwargs={"autocommit": True, "application_name": "slotd dashboard"},
-                    configure=lambda conn: DashboardReads.prepare(conn, timeout),
-                    open=True,
-                    timeout=10,
-                )
-            return self._pool
 
     def close(self) -> None:
-        with self._lock:
-            if self._pool is not None:
-                self._pool.close()
-                self._pool = None
+        self.database.close()
 
     def read(self, fn: Callable[[DashboardReads], Any]) -> Any:
-        with self.pool().connection() as conn:
+        with self.database.reading() as conn:
             return fn(DashboardReads(conn))
 
     def write(self, fn: Callable[[Repository], Any]) -> Any:
-        with self.pool().connection() as conn:
+        with self.database.primary() as conn:
             return fn(Repository(conn))
 
     def render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
         context.setdefault("who", getattr(request.state, "who", None))
+        context.setdefault("notice", actions.notice(request.query_params))
         context.update(
-            base=_base(request),
+            base=base_path(request),
             csrf=csrf_token(request),
             actions=self.settings.actions,
             page=name.removesuffix(".html"),
         )
         return self.templates.TemplateResponse(request, name, context, status_code=status)
-
-
-def _base(request: Request) -> str:
-    return str(request.scope.get("root_path", "")).rstrip("/")
-
-
-def _ago(seconds: float | None) -> str:
-    if seconds is None:
-        return "–"
-    seconds = max(int(seconds), 0)
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    if seconds < 172800:
-        return f"{seconds // 3600}h"
-    return f"{seconds // 86400}d"
 
 
 def guarded(app: Dashboard, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
@@ -139,6 +100,8 @@ def guarded(app: Dashboard, handler: Handler) -> Callable[[Request], Awaitable[R
             request.state.who = who
             try:
                 response = await handler(request, who)
+            except ValueError as exc:  # a bad type name or page cursor in the query string
+                response = app.render(request, "error.html", 400, message=str(exc))
             except psycopg.Error as exc:
                 # One redacted line: never a URL, a password or a traceback of ours.
                 response = app.render(
@@ -152,7 +115,7 @@ def guarded(app: Dashboard, handler: Handler) -> Callable[[Request], Awaitable[R
 def _refuse(app: Dashboard, request: Request) -> Response:
     if request.method == "GET" and app.settings.token and not app.settings.basic_user:
         query = urlencode({"next": request.url.path})
-        return RedirectResponse(f"{_base(request)}/login?{query}", status_code=303)
+        return RedirectResponse(f"{base_path(request)}/login?{query}", status_code=303)
     headers = {}
     if app.settings.basic_user:
         headers["www-authenticate"] = 'Basic realm="slotd dashboard", charset="UTF-8"'
@@ -170,7 +133,7 @@ def _finish(request: Request, response: Response) -> Response:
             httponly=True,
             samesite="strict",
             secure=request.url.scheme == "https",
-            path=_base(request) or "/",
+            path=base_path(request) or "/",
         )
     return response
 
@@ -178,14 +141,21 @@ def _finish(request: Request, response: Response) -> Response:
 def create_app(
     database_url: str | None = None,
     *,
+    read_url: str | None = None,
     settings: DashboardSettings | None = None,
 ) -> Starlette:
     """The dashboard. Without arguments it reads slotd's environment (SLOTD_DATABASE_URL,
-    SLOTD_DASHBOARD_*), like `slotd dashboard`."""
+    SLOTD_DATABASE_URL_READ, SLOTD_PREPARE, SLOTD_DASHBOARD_*), like `slotd dashboard`.
+    `read_url`: where its pages read (a replica); its actions always go to the primary."""
     base_settings = Settings.from_env()
     url = database_url or db.primary_url(base_settings)
+    if read_url is None and database_url is None:
+        read_url = db.read_url(base_settings, url)
     settings = settings or DashboardSettings.from_env(lease_margin=base_settings.lease_margin)
-    app = Dashboard(url, settings)
+    database = Database(
+        url, read_url, prepare=base_settings.prepare, statement_timeout=settings.statement_timeout
+    )
+    app = Dashboard(database, settings)
 
     async def overview(request: Request, who: str) -> Response:
         data = await run_in_threadpool(app.read, pages.overview)
@@ -210,76 +180,23 @@ def create_app(
         return app.render(request, "task.html", task=row)
 
     async def dead(request: Request, who: str) -> Response:
-        task_type = _type_param(request.query_params.get("type"))
-        query = request.query_params.get("q") or None
-        data = await run_in_threadpool(app.read, lambda r: pages.dead(r, task_type, query))
-        done = request.query_params.get("done")
-        notice = _notice(done, request.query_params) if done else None
+        search, after = _search(request)
+        data = await run_in_threadpool(app.read, lambda r: listings.dead(r, search, after))
         return app.render(
-            request, "dead.html", task_type=task_type, q=query or "", notice=notice, **data
+            request, "dead.html", task_type=search.task_type, q=search.query or "",
+            error=search.error or "", **data,
+        )  # fmt: skip
+
+    async def tasks(request: Request, who: str) -> Response:
+        search, after = _search(request)
+        data = await run_in_threadpool(app.read, lambda r: listings.tasks(r, search, after))
+        return app.render(
+            request, "tasks.html", task_type=search.task_type, q=search.query or "", **data
         )
 
     async def schedules(request: Request, who: str) -> Response:
         data = await run_in_threadpool(app.read, pages.schedules)
         return app.render(request, "schedules.html", **data)
-
-    async def action(request: Request, who: str) -> Response:
-        form = await request.form()
-        if not app.settings.actions:
-            return app.render(
-                request,
-                "error.html",
-                403,
-                message="the dashboard is read-only: set SLOTD_DASHBOARD_ACTIONS=on to allow "
-                "retry and purge",
-            )
-        if not csrf_ok(request, form):
-            return app.render(
-                request,
-                "error.html",
-                403,
-                message="this form is stale or came from another site: reload the page and "
-                "try again",
-            )
-        verb = str(form.get("action") or "")
-        scope = str(form.get("scope") or "")
-        try:
-            ids = [int(str(v)) for v in form.getlist("id")]
-            task_type = _type_param(str(form.get("type") or "") or None)
-        except ValueError:
-            return app.render(request, "error.html", 400, message="bad task id or type")
-        if verb not in ("retry", "purge") or scope not in ("ids", "type"):
-            return app.render(request, "error.html", 400, message="unknown action")
-        if (scope == "ids" and not ids) or (scope == "type" and task_type is None):
-            return app.render(request, "error.html", 400, message="select dead letters first")
-        bulk = scope == "type" or len(ids) > 1
-        if bulk and form.get("confirm") != "yes":
-            count = (
-                len(ids)
-                if scope == "ids"
-                else await run_in_threadpool(app.read, lambda r: r.dead_count(task_type))
-            )
-            return app.render(
-                request,
-                "confirm.html",
-                verb=verb,
-                scope=scope,
-                ids=ids,
-                task_type=task_type,
-                count=count,
-                cap=DashboardReads.COUNT_CAP,
-            )
-        selector = {"ids": ids} if scope == "ids" else {"task_type": task_type}
-        if verb == "retry":
-            done, left = await run_in_threadpool(app.write, lambda r: _retry(r, **selector))
-        else:
-            done, left = await run_in_threadpool(app.write, lambda r: _purge(r, **selector)), 0
-        what = f"ids:{','.join(map(str, ids))}" if scope == "ids" else f"type:{task_type}"
-        audit(request, who, verb, what, done)
-        back = {"done": verb, "n": str(done), "left": str(left)}
-        if scope == "type" and task_type:
-            back["type"] = task_type
-        return RedirectResponse(f"{_base(request)}/dead?{urlencode(back)}", status_code=303)
 
     async def login_form(request: Request) -> Response:
         return _finish(request, app.render(request, "login.html", next=_next(request), error=""))
@@ -305,14 +222,14 @@ def create_app(
                 request,
                 app.render(request, "login.html", 401, next=_next(request), error="wrong token"),
             )
-        response = RedirectResponse(_base(request) + _next(request), status_code=303)
+        response = RedirectResponse(base_path(request) + _next(request), status_code=303)
         response.set_cookie(
             SESSION_COOKIE,
             session_value(token),
             httponly=True,
             samesite="strict",
             secure=request.url.scheme == "https",
-            path=_base(request) or "/",
+            path=base_path(request) or "/",
         )
         return _finish(request, response)
 
@@ -321,7 +238,8 @@ def create_app(
         Route("/running", guarded(app, running)),
         Route("/tasks/{task_id:int}", guarded(app, task)),
         Route("/dead", guarded(app, dead)),
-        Route("/dead/action", guarded(app, action), methods=["POST"]),
+        Route("/tasks", guarded(app, tasks)),
+        *[Route(path, guarded(app, fn), methods=["POST"]) for path, fn in actions.routes(app)],
         Route("/schedules", guarded(app, schedules)),
         Route("/login", login_form),
         Route("/login", login, methods=["POST"]),
@@ -336,36 +254,16 @@ def _type_param(value: str | None) -> str | None:
     return validate_type_name(value) if value else None
 
 
+def _search(request: Request) -> tuple[listings.Search, listings.Cursor | None]:
+    """A listing's search and page from its query string; bad values are a 400 page."""
+    params = request.query_params
+    search = listings.Search(
+        task_type=_type_param(params.get("type")),
+        query=(params.get("q") or "").strip() or None,
+        error=(params.get("error") or "").strip() or None,
+    )
+    return search, listings.parse_cursor(params.get("after"))
+
+
 def _next(request: Request) -> str:
-    target = request.query_params.get("next") or "/"
-    # Only a path of ours: never an open redirect to another site.
-    return target if target.startswith("/") and not target.startswith("//") else "/"
-
-
-def _notice(done: str, params: Any) -> str:
-    n = int(params.get("n") or 0) if str(params.get("n") or "0").isdigit() else 0
-    left = int(params.get("left") or 0) if str(params.get("left") or "0").isdigit() else 0
-    verb = {"retry": "retried", "purge": "purged"}.get(done, "changed")
-    text = f"{verb} {n} dead letter{'s' if n != 1 else ''}"
-    if left:
-        text += f"; {left} left dead: a live task with the same key already exists"
-    return text
-
-
-def _retry(repo: Repository, **selector: Any) -> tuple[int, int]:
-    done = 0
-    while True:
-        batch = repo.dead_retry_batch(batch=RETRY_BATCH, **selector)
-        done += len(batch)
-        if len(batch) < RETRY_BATCH:
-            break
-    return done, repo.dead_count(**selector) if selector.get("ids") else 0
-
-
-def _purge(repo: Repository, **selector: Any) -> int:
-    done = 0
-    while True:
-        count = repo.dead_purge_batch(batch=PURGE_BATCH, **selector)
-        done += count
-        if count < PURGE_BATCH:
-            return done
+    return back_path(request, request.query_params.get("next"))

@@ -4,24 +4,14 @@ in, plain data out: the templates only lay it out."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from slotd.outcome import Outcome
+from slotd import history
 from slotd.repository import DashboardReads
-
-CHART_MINUTES = 60
-CHART_HEIGHT = 80
-# One colour per outcome, readable on white; the legend repeats the names.
-OUTCOME_COLOURS = {
-    Outcome.SUCCESS: "#2e7d32",
-    Outcome.CONTINUED: "#81c784",
-    Outcome.FAILURE: "#c62828",
-    Outcome.TIMEOUT: "#ef6c00",
-    Outcome.CANCELLED: "#757575",
-    Outcome.LOST: "#6a1b9a",
-    Outcome.CRASHED: "#ad1457",
-}
+from slotd.repository import history as record
+from slotd.web import charts
+from slotd.web.formats import duration, relative, stamp
 
 
 def overview(reads: DashboardReads) -> dict[str, Any]:
@@ -31,9 +21,12 @@ def overview(reads: DashboardReads) -> dict[str, Any]:
     served = {t for r in replicas for t in r["task_types"]}
     paused = _paused_types(reads)
     limits = _limits(replicas)
+    slots = sum(r["slots"] for r in replicas)
+    busy = sum(len(r["leases"] or {}) for r in replicas)
     rows = []
     for row in counts:
         has_work = row["pending"] or row["running"]
+        waiting = row["oldest_due_s"]
         rows.append(
             {
                 **row,
@@ -41,17 +34,48 @@ def overview(reads: DashboardReads) -> dict[str, Any]:
                 "unserved": bool(has_work) and row["task_type"] not in served,
                 "paused": paused.get(row["task_type"]),
                 "limit": limits.get(row["task_type"]),
+                "starved": waiting is not None and waiting >= STARVED_S,
             }
         )
+    # Paused types wait on purpose: left out, as the oldest-due gauge leaves them out.
+    live = [r for r in rows if r["oldest_due_s"] is not None and not r["paused"]]
+    oldest = max(live, key=lambda r: r["oldest_due_s"], default=None)
     return {
         "types": rows,
+        "oldest": oldest,
+        "starved_s": STARVED_S,
+        "all_busy": bool(slots) and busy >= slots,
         "cap": reads.COUNT_CAP,
         "replicas": replicas,
-        "slots": sum(r["slots"] for r in replicas),
-        "chart": chart(reads.outcomes()),
+        "slots": slots,
+        "busy": busy,
+        "chart": charts.outcomes(reads.outcomes()),
+        "backlog": charts.backlog(history_rows(reads), BACKLOG_HOURS),
+        "alarm": _alarm(history.recent_outcomes(reads.conn)),
         "paused_known": bool(paused),
         "limits_known": bool(limits),
     }
+
+
+BACKLOG_HOURS = 6
+# Due work that has waited this long is flagged (the starvation alert waits 300 s; an
+# operator looking at the page wants to see a type fall behind well before that).
+STARVED_S = 30.0
+
+
+def history_rows(reads: DashboardReads) -> list[dict[str, Any]]:
+    """The backlog samples, once the database has their table (migration 012)."""
+    if "slotd_queue_history" not in reads.tables():
+        return []
+    return record.queue_history(reads.conn, BACKLOG_HOURS)
+
+
+def _alarm(recent: history.RecentOutcomes) -> list[dict[str, Any]]:
+    """lost / crashed attempts of the last minutes, each with what it means."""
+    return [
+        {"outcome": o, "count": n, "reason": history.ALARM_REASONS[o], "minutes": recent.minutes}
+        for o, n in recent.alarming.items()
+    ]
 
 
 def _paused_types(reads: DashboardReads) -> dict[str, str]:
@@ -80,54 +104,6 @@ def _limits(replicas: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
-def chart(rows: list[dict[str, Any]], now: datetime | None = None) -> dict[str, Any]:
-    """A stacked bar per minute of the last hour, as SVG rectangles (no chart library for
-    sixty bars)."""
-    now = now or datetime.now(UTC)
-    end = now.replace(second=0, microsecond=0)
-    start = end - timedelta(minutes=CHART_MINUTES - 1)
-    per_minute: dict[int, dict[str, int]] = {}
-    totals: dict[str, int] = {}
-    for row in rows:
-        index = int((row["minute"] - start).total_seconds() // 60)
-        if 0 <= index < CHART_MINUTES:
-            bucket = per_minute.setdefault(index, {})
-            bucket[row["outcome"]] = bucket.get(row["outcome"], 0) + int(row["count"])
-            totals[row["outcome"]] = totals.get(row["outcome"], 0) + int(row["count"])
-    peak = max((sum(b.values()) for b in per_minute.values()), default=0)
-    bars = []
-    for index, bucket in sorted(per_minute.items()):
-        y = CHART_HEIGHT
-        for outcome in OUTCOME_COLOURS:
-            n = bucket.get(outcome, 0)
-            if not n:
-                continue
-            height = max(CHART_HEIGHT * n / peak, 1.0)
-            y -= height
-            minute = (start + timedelta(minutes=index)).strftime("%H:%M")
-            bars.append(
-                {
-                    "x": index * 10,
-                    "y": round(y, 2),
-                    "height": round(height, 2),
-                    "colour": OUTCOME_COLOURS[outcome],
-                    "title": f"{minute} {outcome}: {n}",
-                }
-            )
-    legend = [
-        {"outcome": str(o), "colour": c, "count": totals.get(o, 0)}
-        for o, c in OUTCOME_COLOURS.items()
-    ]
-    return {
-        "bars": bars,
-        "legend": legend,
-        "peak": peak,
-        "height": CHART_HEIGHT,
-        "width": CHART_MINUTES * 10,
-        "total": sum(totals.values()),
-    }
-
-
 def running(reads: DashboardReads, lease_margin: timedelta) -> list[dict[str, Any]]:
     rows = reads.running(lease_margin)
     for row in rows:
@@ -136,6 +112,8 @@ def running(reads: DashboardReads, lease_margin: timedelta) -> list[dict[str, An
         row["overdue"] = row["remaining_s"] < 0
         row["deadline_ms"] = int(row["deadline"].timestamp() * 1000)
         row["now_ms"] = int(now.timestamp() * 1000)
+        started = row["started_at"]
+        row["age_s"] = (now - started).total_seconds() if started else None
     return rows
 
 
@@ -144,6 +122,10 @@ def task(reads: DashboardReads, task_id: int) -> dict[str, Any] | None:
     if row is None:
         return None
     row["payload_text"] = json.dumps(row["payload"], indent=2, sort_keys=True)
+    now = row["db_now"]
+    row["due_in"] = relative((row["run_at"] - now).total_seconds())
+    started = row["last_attempted_at"]
+    row["age_s"] = (now - started).total_seconds() if started else None
     row["state"] = (
         "dead"
         if row["dead"]
@@ -156,43 +138,18 @@ def task(reads: DashboardReads, task_id: int) -> dict[str, Any] | None:
     return row
 
 
-def last_line(text: str | None, width: int = 160) -> str:
-    if not text or not text.strip():
-        return ""
-    line = text.strip().splitlines()[-1]
-    return line if len(line) <= width else line[: width - 1] + "…"
-
-
-def dead(
-    reads: DashboardReads, task_type: str | None, query: str | None, limit: int = 100
-) -> dict[str, Any]:
-    types = reads.types()
-    ids: list[int] | None = None
-    key = None
-    if query:
-        query = query.strip()
-        if query.isdigit():
-            ids = [int(query)]
-        else:
-            key = query
-    rows = reads.dead_list(task_type, ids=ids, key=key, key_types=types, limit=limit)
-    if ids and not rows:
-        # "123" may be a key too: an id that names no dead letter is searched as one.
-        rows = reads.dead_list(task_type, key=query, key_types=types, limit=limit)
-    for row in rows:
-        row["error_line"] = last_line(row["last_error"])
-    total = len(rows) if query else reads.dead_count(task_type)
-    return {
-        "rows": rows,
-        "types": types,
-        "total": total,
-        "capped": total >= reads.COUNT_CAP,
-        "limit": limit,
-    }
-
-
 def schedules(reads: DashboardReads) -> dict[str, Any]:
-    out: dict[str, Any] = {"paused": _table(reads.paused())}
+    paused = [
+        {
+            "task type": row["task_type"],
+            "paused by": row["paused_by"],
+            "since": stamp(row["paused_at"]),
+            "until": stamp(row["until"]) if row["until"] else "resumed",
+            "time left": duration(row["remaining_s"]) if row["until"] else "–",
+        }
+        for row in reads.paused()
+    ]
+    out: dict[str, Any] = {"paused": _table(paused)}
     # Schedules are shown once the database has their table (a migration of their own).
     out["schedules"] = _schedules(reads) if "slotd_schedules" in reads.tables() else None
     return out
@@ -213,8 +170,9 @@ def _schedules(reads: DashboardReads) -> dict[str, Any]:
                 "catch up": row["catch_up"],
                 "last fire": _stamp(row["last_fire"]),
                 "next fire": _stamp(row["next_fire"]),
-                "lag": None if row["lag_seconds"] is None else f"{row['lag_seconds']:.0f}s",
+                "lag": None if row["lag_seconds"] is None else duration(row["lag_seconds"]),
                 "declared by": declared or "nobody (orphaned)",
+                "_lagging": (row["lag_seconds"] or 0) >= STARVED_S,
             }
         )
     return _table(rows)
@@ -226,6 +184,6 @@ def _stamp(value: datetime | None) -> str | None:
 
 def _table(rows: list[dict[str, Any]]) -> dict[str, Any]:
     columns: list[str] = []
-    for row in rows:
-        columns += [c for c in row if c not in columns]
+    for row in rows:  # a key starting with _ marks the row, it is not a column
+        columns += [c for c in row if c not in columns and not c.startswith("_")]
     return {"rows": rows, "columns": columns}

@@ -80,6 +80,20 @@ def csrf_ok(request: Request, form: Any) -> bool:
     return True
 
 
+def base_path(request: Request) -> str:
+    """Where the dashboard is mounted ('' standalone): every link and cookie path starts here."""
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def back_path(request: Request, wanted: str | None) -> str:
+    """A path of ours to return to after an action: never an open redirect elsewhere."""
+    target = wanted or "/"
+    base = base_path(request)
+    if base and target.startswith(base + "/"):
+        target = target[len(base) :]
+    return target if target.startswith("/") and not target.startswith("//") else "/"
+
+
 def audit(request: Request, who: str, action: str, scope: str, count: int) -> None:
     client = request.client.host if request.client else "-"
     log.info(

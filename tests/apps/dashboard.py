@@ -22,6 +22,7 @@ def flaky(task: slotd.Task, ctx: slotd.Context) -> None:
 def slow(task: slotd.Task, ctx: slotd.Context) -> None:
     while not os.path.exists(task.payload["release"]) and not ctx.cancelled:
         time.sleep(0.05)  # the handler's own wait, not a test's synchronisation
+    ctx.check()  # stopped (a cancel, the shutdown): says so instead of returning as done
 
 
 @registry.handler("dash.echo", ceiling=timedelta(seconds=30))

@@ -23,6 +23,7 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import psycopg
 
@@ -31,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from slotd.localpg import LocalPostgres  # noqa: E402
 from slotd.repository import DashboardReads, migrate, statements  # noqa: E402
-from slotd.web import pages  # noqa: E402
+from slotd.web import listings, pages  # noqa: E402
 from tests.bench.gauges_cost import build  # noqa: E402
 
 PAGES = ["/", "/running", "/dead", "/dead?type=type_3", "/dead?q=KEY", "/tasks/ID", "/schedules"]
@@ -64,9 +65,12 @@ def page_call(path: str) -> Any:
         return lambda r: pages.running(r, timedelta(seconds=30))
     if route.startswith("/tasks/"):
         return lambda r: pages.task(r, int(route.rsplit("/", 1)[1]))
-    if route == "/dead":
+    if route in ("/dead", "/tasks"):
         arg = dict(p.split("=", 1) for p in query.split("&")) if query else {}
-        return lambda r: pages.dead(r, arg.get("type"), arg.get("q"))
+        search = listings.Search(arg.get("type"), arg.get("q"), arg.get("error"))
+        after = listings.parse_cursor(unquote(arg["after"])) if "after" in arg else None
+        listing = listings.dead if route == "/dead" else listings.tasks
+        return lambda r: listing(r, search, after)
     return pages.schedules
 
 
@@ -128,7 +132,6 @@ def main() -> None:
         out.append("| page | median ms | p95 ms | statements (name: ms) |")
         out.append("|---|---|---|---|")
         with psycopg.connect(url, autocommit=True) as conn:
-            DashboardReads.prepare(conn, timedelta(seconds=5))
             plans: list[str] = []
             for path in paths:
                 fetch(base + path)  # warm-up

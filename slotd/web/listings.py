@@ -1,0 +1,123 @@
+"""The dashboard's long lists, dead letters and live tasks: a page at a time by keyset (the
+last row's sort key is the next page's cursor, so page 6,000 costs what page 1 does), and
+searchable by type, id, key and, for dead letters, the start of the error line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from slotd.repository import DashboardReads
+
+PAGE = 100
+# How many dead letters one error search looks through: no index knows error text, so the
+# search is a bounded walk of the listing's index, continued page by page.
+ERROR_SCAN = 10_000
+Cursor = tuple[datetime | None, int]
+
+
+class BadCursor(ValueError):
+    pass
+
+
+def parse_cursor(text: str | None) -> Cursor | None:
+    """`<ISO time>~<id>` (or `~<id>` for a row without a time), as `cursor_text` writes it."""
+    if not text:
+        return None
+    at, sep, ident = text.rpartition("~")
+    try:
+        if not sep or not ident.isdigit():
+            raise ValueError(text)
+        return (datetime.fromisoformat(at) if at else None), int(ident)
+    except ValueError:
+        raise BadCursor(f"bad page cursor {text!r}: follow the page's own links") from None
+
+
+def cursor_text(at: datetime | None, ident: int) -> str:
+    return f"{at.isoformat() if at else ''}~{ident}"
+
+
+@dataclass
+class Search:
+    task_type: str | None = None
+    query: str | None = None  # an id, else a key
+    error: str | None = None  # the start of the error line (dead letters)
+
+    def params(self, key_types: list[str], as_key: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {"task_type": self.task_type, "key_types": key_types}
+        if self.query:
+            if self.query.isdigit() and not as_key:
+                out["ids"] = [int(self.query)]
+            else:
+                out["key"] = self.query
+        return out
+
+    def link(self) -> dict[str, str]:
+        """The search as query parameters, for the next page's link."""
+        pairs = {"type": self.task_type, "q": self.query, "error": self.error}
+        return {k: v for k, v in pairs.items() if v}
+
+
+def dead(
+    reads: DashboardReads, search: Search, after: Cursor | None, limit: int = PAGE
+) -> dict[str, Any]:
+    types = reads.types()
+    params = search.params(types)
+    if search.error:
+        params.update(error=search.error, scan=ERROR_SCAN)
+    rows = reads.dead_page(params, after, limit)
+    if search.query and search.query.isdigit() and not [r for r in rows if not r.get("window_end")]:
+        # "123" may be a key too: an id that names no dead letter is searched as one.
+        params.update(search.params(types, as_key=True), ids=None)
+        rows = reads.dead_page(params, after, limit)
+    window = next((r for r in rows if r.get("window_end")), None)
+    rows = [r for r in rows if not r.get("window_end")]
+    for row in rows:
+        line = row["error_line"] or ""
+        row["error_line"] = line if len(line) <= 160 else line[:159] + "…"
+    following = None
+    searched_to = None
+    if len(rows) == limit:
+        following = cursor_text(rows[-1]["retired_at"], rows[-1]["id"])
+    elif window is not None and window["scanned"] >= ERROR_SCAN:
+        # The search stopped at the end of its stretch, not at the end of the dead letters.
+        following = cursor_text(window["retired_at"], window["id"])
+        searched_to = window["retired_at"]
+    filtered = bool(search.query or search.error)
+    total = len(rows) if filtered else reads.dead_count(search.task_type)
+    return {
+        "rows": rows,
+        "types": types,
+        "total": total,
+        "filtered": filtered,
+        "capped": total >= reads.COUNT_CAP,
+        "limit": limit,
+        "next": following,
+        "searched_to": searched_to,
+        "scan": ERROR_SCAN,
+        "paged": after is not None,
+        "link": search.link(),
+    }
+
+
+def tasks(
+    reads: DashboardReads, search: Search, after: Cursor | None, limit: int = PAGE
+) -> dict[str, Any]:
+    types = reads.types()
+    rows = reads.tasks_page(search.params(types), after, limit)
+    if search.query and search.query.isdigit() and not rows:
+        rows = reads.tasks_page({**search.params(types, as_key=True), "ids": None}, after, limit)
+    for row in rows:
+        row["due_s"] = (row["run_at"] - row["db_now"]).total_seconds()
+        row["state"] = "running" if row["running"] else "due" if row["due_s"] <= 0 else "waiting"
+    following = cursor_text(rows[-1]["run_at"], rows[-1]["id"]) if len(rows) == limit else None
+    return {
+        "rows": rows,
+        "types": types,
+        "limit": limit,
+        "next": following,
+        "searched_to": None,
+        "paged": after is not None,
+        "link": search.link(),
+    }

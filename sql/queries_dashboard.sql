@@ -1,0 +1,141 @@
+-- The dashboard's history (slotd.history): what supervisors record of the queue over time
+-- and what the dashboard and `slotd status` read back. Loaded with queries.sql.
+
+-- name: recent_outcomes
+-- Attempts of the last %(minutes)s minutes by type and outcome (slotd_outcomes keeps two
+-- hours): how `slotd status` and the overview show a storm of lost or crashed attempts.
+SELECT o.task_type, o.outcome, sum(o.count)::bigint AS count
+FROM slotd_outcomes o
+WHERE o.minute >= date_trunc('minute', now()) - make_interval(mins => %(minutes)s - 1)
+GROUP BY o.task_type, o.outcome
+ORDER BY o.task_type, o.outcome
+
+-- name: dash_live_count
+-- What a cancel of this type (and key) would take, before the operator confirms it: the
+-- cancel statement's own {live} predicate, capped like every dashboard count; and how
+-- many of those are running (their replicas will be told to stop them).
+SELECT count(*), count(*) FILTER (WHERE c.running)
+FROM (
+    SELECT {running} AS running FROM slotd_tasks t
+    WHERE t.task_type = %(task_type)s AND (%(key)s::text IS NULL OR t.key = %(key)s OR t.started_key = %(key)s)
+      AND {live}
+    LIMIT %(cap)s
+) c
+
+-- fragment: error_line
+-- The last line of a stored error (a traceback's "ValueError: ..."): what the dead-letter
+-- list shows, and what its error search matches the start of.
+(regexp_match(rtrim(coalesce(t.last_error, ''), E' \n\t'), '[^\n]*$'))[1]
+
+-- predicate: dead_search
+-- The dead-letter page's filters, each off when its parameter is NULL: a type, ids, a key
+-- (through slotd_tasks_key, hence the types it is looked up in).
+((%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
+ AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
+ AND (%(key)s::text IS NULL OR ((t.key = %(key)s OR t.started_key = %(key)s)
+                                AND t.task_type = ANY(%(key_types)s::text[]))))
+
+-- predicate: dead_after
+-- After the cursor (when it stopped, id) of the previous page's last row, in the order of
+-- slotd_tasks_dead_recent (an index condition: page 6,000 costs what page 1 does).
+(%(after_id)s::bigint IS NULL
+ OR ({retired_at}, t.id) < (%(after_at)s::timestamptz, %(after_id)s::bigint))
+
+-- name: dash_dead_page
+-- One page of dead letters, newest first (the order of slotd_tasks_dead_recent and its
+-- per-type twin, sql/010), by keyset, never an OFFSET (which reads and throws away every
+-- row before the page). A dead letter that never stopped (no attempt, no cancel) sorts
+-- last, as NULLS LAST puts it; the second branch pages through those by id.
+(SELECT t.id, t.task_type, {task_key} AS key, t.attempt_count, t.last_attempted_at, t.cancelled_at,
+        {retired_at} AS retired_at, {error_line} AS error_line
+ FROM slotd_tasks t
+ WHERE {dead} AND {dead_search} AND {dead_after}
+ ORDER BY {retired_at} DESC NULLS LAST, t.id DESC
+ LIMIT %(limit)s)
+UNION ALL
+(SELECT t.id, t.task_type, {task_key} AS key, t.attempt_count, t.last_attempted_at, t.cancelled_at,
+        NULL::timestamptz, {error_line}
+ FROM slotd_tasks t
+ WHERE {dead} AND {dead_search} AND {retired_at} IS NULL
+   AND (%(after_id)s::bigint IS NULL OR %(after_at)s::timestamptz IS NOT NULL
+        OR t.id < %(after_id)s::bigint)
+ ORDER BY t.id DESC
+ LIMIT %(limit)s)
+LIMIT %(limit)s
+
+-- name: dash_dead_errors
+-- Dead letters whose error line starts with %(error)s (case-insensitive), newest first,
+-- looked for among the next %(scan)s dead letters after the cursor only: no index knows
+-- error text, so the search walks the listing's index for a bounded stretch and says
+-- where it stopped (the last row, window_end), from where the next search goes on.
+WITH scanned AS (
+    SELECT t.id, t.task_type, {task_key} AS key, t.attempt_count, t.last_attempted_at, t.cancelled_at,
+           {retired_at} AS retired_at, {error_line} AS error_line
+    FROM slotd_tasks t
+    WHERE {dead} AND {dead_search} AND {dead_after}
+    ORDER BY {retired_at} DESC NULLS LAST, t.id DESC
+    LIMIT %(scan)s
+)
+(SELECT s.*, false AS window_end, 0::bigint AS scanned FROM scanned s
+ WHERE starts_with(lower(s.error_line), lower(%(error)s))
+ ORDER BY s.retired_at DESC NULLS LAST, s.id DESC
+ LIMIT %(limit)s)
+UNION ALL
+(SELECT s.*, true, (SELECT count(*) FROM scanned) FROM scanned s
+ ORDER BY s.retired_at ASC NULLS FIRST, s.id ASC
+ LIMIT 1)
+
+-- name: dash_tasks_page
+-- One page of live tasks in due order (slotd_tasks_due, or slotd_tasks_due_by_type for a
+-- type), after the cursor (run_at, id) of the previous page's last row: a keyset, never
+-- an OFFSET. A type, ids or a key narrow it, as on the dead-letter page.
+SELECT t.id, t.task_type, {task_key} AS key, t.run_at, t.attempt_count, t.max_attempts, t.priority,
+       {running} AS running, t.cancelled_at IS NOT NULL AS cancelled, now() AS db_now
+FROM slotd_tasks t
+WHERE {retryable}
+  AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
+  AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
+  AND (%(key)s::text IS NULL OR ((t.key = %(key)s OR t.started_key = %(key)s)
+                                AND t.task_type = ANY(%(key_types)s::text[])))
+  AND (%(after_id)s::bigint IS NULL
+       OR (t.run_at, t.id) > (%(after_at)s::timestamptz, %(after_id)s::bigint))
+ORDER BY t.run_at, t.id
+LIMIT %(limit)s
+
+-- name: history_sample
+-- One minute's sample of the queue, per live type (a loose index scan finds the types):
+-- pending (the gauges' definition), running, and the wait of its oldest claimable task
+-- (what the starvation alert watches). Taken by the first replica to ask in a minute;
+-- the others find the minute there and read nothing else. Minutes older than six hours
+-- go in the same statement.
+WITH {live_types},
+fresh AS (
+    SELECT date_trunc('minute', now()) AS minute
+    WHERE NOT EXISTS (SELECT 1 FROM slotd_queue_history h
+                      WHERE h.minute = date_trunc('minute', now()))
+), pruned AS (
+    DELETE FROM slotd_queue_history h
+    WHERE h.minute < now() - interval '6 hours' AND EXISTS (SELECT 1 FROM fresh)
+)
+INSERT INTO slotd_queue_history AS h (minute, task_type, pending, running, oldest_due_s)
+SELECT f.minute, l.task_type,
+       (SELECT count(*) FROM slotd_tasks t WHERE t.task_type = l.task_type AND {retryable}),
+       (SELECT count(*) FROM slotd_tasks t WHERE t.task_type = l.task_type AND {running}),
+       (SELECT extract(epoch FROM now() - t.run_at)::float8 FROM slotd_tasks t
+        WHERE t.task_type = l.task_type AND {claimable}
+        ORDER BY t.run_at LIMIT 1)
+FROM fresh f CROSS JOIN live_types l
+WHERE l.task_type IS NOT NULL
+ON CONFLICT (minute, task_type) DO NOTHING
+
+-- name: dash_history
+-- The backlog charts: the last %(hours)s hours of samples (at most 360 minutes x types).
+SELECT h.minute, h.task_type, h.pending, h.running, h.oldest_due_s
+FROM slotd_queue_history h
+WHERE h.minute >= date_trunc('minute', now()) - make_interval(hours => %(hours)s)
+ORDER BY h.minute, h.task_type
+
+-- name: replica_leases
+-- Which slot holds which lease, between heartbeats: the chores thread writes it within
+-- seconds of a change, so "running now" names the holder of a task shorter than a heartbeat.
+UPDATE slotd_replicas SET leases = %(leases)s::jsonb WHERE replica_id = %(replica_id)s
