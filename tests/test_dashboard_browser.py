@@ -401,4 +401,18 @@ def test_outcome_chart_shows_what_the_replica_reported(world: dict[str, Any], pa
     for outcome, n in counts.items():
         assert f"{outcome} {n}" in legend, (outcome, legend)
     assert page.locator("svg.chart rect[fill]").count() >= 1
+    # The backlog charts: the replica samples the queue once a minute (its first sample
+    # within seconds of its start); the unserved report.weekly tasks are still pending.
+    wait_for(
+        lambda: conn.execute(
+            "SELECT count(*) FROM slotd_queue_history WHERE task_type = 'report.weekly'"
+        ).fetchone()[0],
+        timeout=90,
+        what="a backlog sample",
+    )
+    page.goto(world["base"] + "/")
+    pending = page.locator('#backlog figure[data-chart="pending"] polyline')
+    assert pending.count() >= 1
+    assert "report.weekly" in page.locator("#backlog ul.legend").inner_text()
+    assert page.locator("#oldest-due").inner_text().startswith("Oldest due: ")
     shot(page, "overview")
