@@ -86,20 +86,31 @@ UNION ALL
  LIMIT 1)
 
 -- name: dash_tasks_page
--- One page of live tasks in due order (slotd_tasks_due, or slotd_tasks_due_by_type for a
--- type), after the cursor (run_at, id) of the previous page's last row: a keyset, never
--- an OFFSET. A type, ids or a key narrow it, as on the dead-letter page.
-SELECT t.id, t.task_type, {task_key} AS key, t.run_at, t.attempt_count, t.max_attempts, t.priority,
-       {running} AS running, t.cancelled_at IS NOT NULL AS cancelled, now() AS db_now
-FROM slotd_tasks t
-WHERE {retryable}
-  AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
-  AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
-  AND (%(key)s::text IS NULL OR ((t.key = %(key)s OR t.started_key = %(key)s)
-                                AND t.task_type = ANY(%(key_types)s::text[])))
-  AND (%(after_id)s::bigint IS NULL
-       OR (t.run_at, t.id) > (%(after_at)s::timestamptz, %(after_id)s::bigint))
-ORDER BY t.run_at, t.id
+-- One page of live tasks in due order, after the cursor (run_at, id) of the previous page's
+-- last row: a keyset, never an OFFSET. No index orders every type's rows by run_at (the
+-- ordering indexes lead with the type, sql/011), so each live type (a loose index scan)
+-- gives its first rows after the cursor from slotd_tasks_due_by_type and the page is the
+-- first of those: types x the page size index entries at most, at any depth. A type, ids
+-- or a key narrow it, as on the dead-letter page.
+WITH {live_types}
+SELECT p.* FROM live_types l
+CROSS JOIN LATERAL (
+    SELECT t.id, t.task_type, {task_key} AS key, t.run_at, t.attempt_count, t.max_attempts, t.priority,
+           {running} AS running, t.cancelled_at IS NOT NULL AS cancelled, now() AS db_now
+    FROM slotd_tasks t
+    WHERE t.task_type = l.task_type AND {retryable}
+      AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
+      AND (%(key)s::text IS NULL
+           OR ((t.key = %(key)s OR t.started_key = %(key)s)
+               AND t.task_type = ANY(%(key_types)s::text[])))
+      AND (%(after_id)s::bigint IS NULL
+           OR (t.run_at, t.id) > (%(after_at)s::timestamptz, %(after_id)s::bigint))
+    ORDER BY t.run_at, t.id
+    LIMIT %(limit)s
+) p
+WHERE l.task_type IS NOT NULL
+  AND (%(task_type)s::text IS NULL OR l.task_type = %(task_type)s)
+ORDER BY p.run_at, p.id
 LIMIT %(limit)s
 
 -- name: history_sample

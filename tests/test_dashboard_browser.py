@@ -397,7 +397,7 @@ def test_outcome_chart_shows_what_the_replica_reported(world: dict[str, Any], pa
     wait_for(lambda: reported().get("success"), what="a heartbeat's outcomes")
     counts = reported()
     page.goto(world["base"] + "/")
-    legend = page.locator("ul.legend").inner_text()
+    legend = page.locator("#outcome-legend").inner_text()
     for outcome, n in counts.items():
         assert f"{outcome} {n}" in legend, (outcome, legend)
     assert page.locator("svg.chart rect[fill]").count() >= 1

@@ -71,25 +71,15 @@ def test_outcomes_reach_the_record_within_seconds_and_at_shutdown(
         wait_for(lambda: recorded(qconn, "rt.quick") == seen, timeout=25, what="the record")
     except AssertionError:
         raise AssertionError((recorded(qconn, "rt.quick"), seen)) from None
-    status = subprocess.run(
-        [sys.executable, "-m", "slotd", "status"],
-        env={**daemon.env},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert f"! {seen['crashed']} crashed: runners died" in status, status
-    report = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "slotd", "status", "--json"],
-            env={**daemon.env},
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
+
+    def status(*args: str) -> str:
+        command = [sys.executable, "-m", "slotd", "status", *args]
+        done = subprocess.run(command, env=daemon.env, cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert f"! {seen['crashed']} crashed: runners died" in status()
+    report = json.loads(status("--json"))
     assert report["outcomes"]["by_outcome"]["crashed"] == seen["crashed"]
 
     # An attempt that ends in the shutdown itself, moments before the replica exits.

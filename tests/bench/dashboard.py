@@ -23,7 +23,7 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import psycopg
 
@@ -31,11 +31,25 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from slotd.localpg import LocalPostgres  # noqa: E402
-from slotd.repository import DashboardReads, migrate, statements  # noqa: E402
+from slotd.repository import DashboardReads, Repository, migrate, statements  # noqa: E402
+from slotd.repository import history as record  # noqa: E402
 from slotd.web import listings, pages  # noqa: E402
 from tests.bench.gauges_cost import build  # noqa: E402
 
-PAGES = ["/", "/running", "/dead", "/dead?type=type_3", "/dead?q=KEY", "/tasks/ID", "/schedules"]
+PAGES = [
+    "/",
+    "/running",
+    "/dead",
+    "/dead?type=type_3",
+    "/dead?q=KEY",
+    "/dead?after=DEEP",  # page 3,000 of the dead letters, by keyset
+    "/dead?error=boom",  # every dead letter's error line starts so: the first 100 match
+    "/dead?error=KeyError",  # none does: the search walks its whole stretch of 10,000
+    "/tasks",
+    "/tasks?type=type_3&after=TASKS",
+    "/tasks/ID",
+    "/schedules",
+]
 
 
 class Counting:
@@ -107,11 +121,39 @@ def main() -> None:
             ).fetchone()
             assert dead_row is not None
             task_id, key = dead_row
+            deep = conn.execute(
+                "SELECT coalesce(cancelled_at, last_attempted_at), id FROM slotd_tasks "
+                "WHERE attempt_count >= max_attempts "
+                "ORDER BY coalesce(cancelled_at, last_attempted_at) DESC NULLS LAST, id DESC "
+                "OFFSET 300000 LIMIT 1"
+            ).fetchone()
+            later = conn.execute(
+                "SELECT run_at, id FROM slotd_tasks WHERE task_type = 'type_3' "
+                "AND attempt_count < max_attempts ORDER BY run_at, id OFFSET 20000 LIMIT 1"
+            ).fetchone()
+            assert deep is not None and later is not None
+            sampled = time.perf_counter()
+            written = record.sample_history(Repository(conn))
+            sample_ms = (time.perf_counter() - sampled) * 1000
             version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-        paths = [p.replace("KEY", key).replace("ID", str(task_id)) for p in PAGES]
+        cursors = {
+            "DEEP": quote(listings.cursor_text(*deep)),
+            "TASKS": quote(listings.cursor_text(*later)),
+        }
+        paths = []
+        for path in PAGES:
+            path = path.replace("KEY", key).replace("/ID", f"/{task_id}")
+            for name, value in cursors.items():
+                path = path.replace(f"={name}", f"={value}")
+            paths.append(path)
         out.append(
             f"- {args.rows:,} rows ({counts}), built and VACUUMed in {built:.0f} s; "
-            f"PostgreSQL {version}; {args.runs} loads per page after one warm-up"
+            f"PostgreSQL {version}; {args.runs} loads per page after one warm-up; "
+            f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+        )
+        out.append(
+            f"- the fleet's backlog sample (history_sample, once a minute for the fleet): "
+            f"{sample_ms:.0f} ms, {written} rows"
         )
 
         port = free_port()
@@ -144,6 +186,8 @@ def main() -> None:
                 page_call(path)(DashboardReads(counting))  # type: ignore[arg-type]
                 listed = ", ".join(f"{name}: {ms:.1f}" for name, ms, _, _ in counting.log)
                 shown = path.replace(key, "<key>").replace(f"/tasks/{task_id}", "/tasks/<id>")
+                for name, value in cursors.items():
+                    shown = shown.replace(value, f"<{name.lower()} cursor>")
                 out.append(
                     f"| `{shown}` | {statistics.median(samples):.1f} | "
                     f"{percentile(samples, 0.95):.1f} | {len(counting.log)}: {listed} |"
