@@ -34,6 +34,8 @@ nothing, and is told so (`lost`).
   replica. The attempt is not refunded (an interruption costs one, or a task always
   mid-flight at rollout would never dead-letter), except the final one, once per task: a
   deploy is never what kills a task; a second release on a final attempt dead-letters it.
+  A claim released before its handler started (it met the shutdown on its way in) gets its
+  attempt back whatever it was: nothing ran, so nothing was interrupted.
 - handed over: a slot that dies holding a lease leaves it, with its last words (the
   attempt's outcome if the handler had ended), in its ledger; the supervisor settles it by
   those words, through the same `settle`, on its chores thread (`handed_over`).
@@ -219,7 +221,10 @@ def _release(
     if not interrupted:
         return _continued(repo, claimed, result, logger, backoff)
     reason = "released at shutdown on its final attempt, a second time"
-    dead = repo.release(claimed.id, claimed.token, reason, refund_final=True)
+    unstarted = bool(result.extra.get(UNSTARTED))
+    dead = repo.release(
+        claimed.id, claimed.token, reason, refund_final=not unstarted, unstarted=unstarted
+    )
     outcome = Outcome.CONTINUED if result.advanced else Outcome.CANCELLED
     return _done(outcome, claimed, result, logger, bool(dead))
 
@@ -301,6 +306,15 @@ def _done(
         error=result.error if failed else None,
         exception=result.exception if failed else None,
     )
+
+
+UNSTARTED = "unstarted"  # Result.extra: the handler never ran under this lease
+
+
+def not_started_at_shutdown() -> Result:
+    """A claim that met a shutdown before its handler started (one riding on a settlement
+    while the SIGTERM landed): released with its attempt given back, since nothing ran."""
+    return Result(kinds.SHUTDOWN, "not started: the replica is stopping", extra={UNSTARTED: True})
 
 
 def not_started(claimed: Claimed) -> Result:

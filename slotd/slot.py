@@ -311,7 +311,7 @@ class Slot:
         if past(deadline):
             result = not_started(claimed)
         elif self.stopping or self.runners.current is None:  # a chained claim met a shutdown
-            result = Result(SHUTDOWN, "not started: the replica is stopping")
+            result = lifecycle.not_started_at_shutdown()
         else:
             result = self._watch(claimed, self.runners.current, deadline)
             if result.duration is None:

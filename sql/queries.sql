@@ -403,17 +403,20 @@ LEFT JOIN LATERAL (SELECT pg_notify('slotd_wake', '')) n ON c.retryable
 -- would make the dead letter, on the final attempt, gives that attempt back, once per task
 -- (final_attempt_refunded, sql/017), so a deploy is never what kills a task. A second such
 -- release dead-letters it, and the reason is stamped then, else the dead letter would carry
--- no explanation. refund_final: only a shutdown's release (not the test clock's lapse). A released row is due at once, so the release wakes a slot (here or on
+-- no explanation. refund_final: only a shutdown's release (not the test clock's lapse).
+-- unstarted: the claim met the shutdown before its handler started: its attempt is given
+-- back, whatever it was, since nothing ran. A released row is due at once, so the release wakes a slot (here or on
 -- another replica) in the same transaction instead of leaving the work to the next tick.
 WITH released AS (
     UPDATE slotd_tasks t
     SET lease_token = NULL,
         lease_expires_at = NULL,
-        attempt_count = CASE WHEN {refunds_final} THEN t.max_attempts - 1
+        attempt_count = CASE WHEN %(unstarted)s::bool THEN greatest(t.attempt_count - 1, 0)
+                             WHEN {refunds_final} THEN t.max_attempts - 1
                              ELSE t.attempt_count END,
         final_attempt_refunded = t.final_attempt_refunded OR {refunds_final},
         last_error = CASE WHEN t.attempt_count >= t.max_attempts AND t.cancelled_at IS NULL
-                               AND NOT {refunds_final}
+                               AND NOT {refunds_final} AND NOT %(unstarted)s::bool
                           THEN %(reason)s ELSE t.last_error END
     WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
     RETURNING t.id, t.attempt_count < t.max_attempts AS retryable

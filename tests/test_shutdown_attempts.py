@@ -1,4 +1,5 @@
-"""A task that a stopping replica claims but never starts keeps its attempts.
+"""A task that a stopping replica claims but never starts keeps its attempts (slotd/lifecycle.py,
+"released").
 
 Found by the public job-queue benchmark (tests/bench/portable): at a replica's SIGTERM, a
 claim already in flight (riding on the settlement of the task before it) returns a task the
@@ -13,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 
 import slotd
 from tests.daemon import Daemon, wait_for
@@ -27,11 +27,6 @@ def _sigterm_pending(pid: int) -> bool:
     return any(int(fields[k].strip(), 16) & SIGTERM_BIT for k in ("SigPnd", "ShdPnd"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a shutdown release does not refund the attempt of a claim that never "
-    "started (slot.py/processor.py, being re-cut); see notes/issue-30.md",
-)
 def test_a_claim_that_meets_a_shutdown_before_it_starts_costs_no_attempt(
     qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
 ) -> None:

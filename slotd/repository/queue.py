@@ -257,7 +257,13 @@ class QueueProtocol(Lanes):
         return len(rows) == 1
 
     def release(
-        self, task_id: int, token: uuid.UUID, reason: str, *, refund_final: bool = False
+        self,
+        task_id: int,
+        token: uuid.UUID,
+        reason: str,
+        *,
+        refund_final: bool = False,
+        unstarted: bool = False,
     ) -> bool | None:
         """Give the lease back; None when it is not ours, else whether the row is now a dead
         letter. `refund_final`: a shutdown's release, which gives a final attempt back once
@@ -267,6 +273,7 @@ class QueueProtocol(Lanes):
             "token": token,
             "reason": storable(reason),
             "refund_final": refund_final,
+            "unstarted": unstarted,
         }
         _, rows = self._write("release", params)
         return bool(rows[0][1]) if rows else None
