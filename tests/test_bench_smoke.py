@@ -8,15 +8,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# A loaded machine takes minutes over the smoke profile (220 s seen at load 36); the bound
+# only has to catch a hang.
+@pytest.mark.timeout(900)
 def test_bench_runs_and_writes_figures(tmp_path: Path) -> None:
     results, raw = tmp_path / "RESULTS.md", tmp_path / "raw.json"
     results.write_text("## an earlier run\n")
     cmd = [sys.executable, str(ROOT / "tests" / "bench" / "run.py"), "--profile", "smoke",
            "--only", "slotd", "--results", str(results), "--json", str(raw)]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=840)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     figures = json.loads(raw.read_text())["results"]
