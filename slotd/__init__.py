@@ -16,15 +16,27 @@ __all__ = [
     "Registry",
     "SlotdError",
     "Task",
+    "TaskResult",
     "cancel",
     "enqueue",
     "enqueue_async",
     "enqueue_many",
     "enqueue_many_async",
     "pause",
+    "result",
+    "result_async",
     "resume",
+    "wait_result",
+    "wait_result_async",
 ]
 __version__ = "0.1.0"
 
 from slotd.control import cancel, pause, resume  # noqa: E402
 from slotd.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async  # noqa: E402
+from slotd.results import (  # noqa: E402
+    TaskResult,
+    result,
+    result_async,
+    wait_result,
+    wait_result_async,
+)

@@ -68,7 +68,16 @@ def _register_commands() -> None:
     # register(group); the families that are not installed yet are simply absent.
     import importlib
 
-    for name in ("run", "ops", "control", "schedules", "embedded", "examples", "dashboard"):
+    for name in (
+        "run",
+        "ops",
+        "control",
+        "schedules",
+        "embedded",
+        "examples",
+        "dashboard",
+        "results",
+    ):
         try:
             module = importlib.import_module(f"slotd.commands.{name}")
         except ModuleNotFoundError as exc:

@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from slotd.outcome import Outcome, Result
+from slotd.payload import RESULT_MAX
 from slotd.repository import Claimed, storable
 
 CAPACITY = 1024
@@ -45,7 +46,9 @@ RECORD = struct.Struct("<ddBH16s")
 RECORD_SIZE = 128
 TYPE_MAX = RECORD_SIZE - RECORD.size
 LEASE_MAX = 16 * 1024
-WORDS_MAX = 64 * 1024
+# Room for a stored result (bounded by RESULT_MAX) beside a cut traceback: the supervisor
+# settles a dead slot's success by these words, value and all.
+WORDS_MAX = RESULT_MAX + 64 * 1024
 _COUNTS = struct.Struct("<QQ")
 LEASE_AT = _COUNTS.size
 WORDS_AT = LEASE_AT + LEASE_MAX

@@ -19,7 +19,12 @@ nothing, and is told so (`lost`).
   no other slot can start the next slice while this one still runs its remaining code.
 - settled, by what the handler did (`settle`):
   done       the row is deleted (sql `dequeue`), optionally claiming the next task in the
-             same statement (`dequeue_claim`);
+             same statement (`dequeue_claim`); for a type with keep_result (the Result
+             carries value and keep_s) the return value is stored by that same fenced
+             statement (`dequeue_keep`, `dequeue_keep_claim`), so a worker whose lease is
+             gone stores nothing, and a dead slot's success is stored by the supervisor
+             from the value in its last words. Plain types keep the plain statements: a
+             stored result costs its types only;
   failure    backoff from the attempt the claim burnt, the error kept (`record_failure`);
              a dead letter when that was the last attempt;
   timeout    the same write, for a handler past its deadline or killed by the watchdog;
@@ -140,7 +145,9 @@ def settle(
             return Settlement(Outcome.CANCELLED, True, result.duration)
         if result.kind == kinds.DONE and then_claim and then_claim[0]:
             try:
-                nxt = repo.dequeue_and_claim(task_id, token, *then_claim, lease_token)
+                nxt = repo.dequeue_and_claim(
+                    task_id, token, *then_claim, lease_token, kept=_kept(result)
+                )
                 if answer_lost is not None:
                     answer_lost(repo)
             except LeaseLost as exc:
@@ -150,7 +157,7 @@ def settle(
                 _done(Outcome.SUCCESS, claimed, result, logger), next=nxt, claim_tried=True
             )
         if result.kind == kinds.DONE:
-            repo.dequeue(task_id, token)
+            repo.dequeue(task_id, token, kept=_kept(result))
             return _done(Outcome.SUCCESS, claimed, result, logger)
         if result.kind in (kinds.CONTINUE, kinds.SHUTDOWN) or (
             shutting_down and result.kind == kinds.ERROR
@@ -173,6 +180,13 @@ def settle(
         raise  # the connection, not the data: the slot reconnects and tries again
     except Exception as exc:  # noqa: BLE001 - whatever the database refused is the task's
         return _unsettled(repo, claimed, result, exc, logger, backoff)
+
+
+def _kept(result: Result) -> tuple[str, float] | None:
+    """The value a success stores and for how long; None for a type without keep_result."""
+    if result.keep_s is None:
+        return None
+    return (result.value if result.value is not None else "null", result.keep_s)
 
 
 def _unsettled(

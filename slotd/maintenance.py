@@ -1,4 +1,5 @@
-"""Fleet chores the supervisor runs: today, the hourly retention of dead letters."""
+"""Fleet chores the supervisor runs: the hourly retention of dead letters, and of stored
+results past their keep_result."""
 
 from __future__ import annotations
 
@@ -25,6 +26,12 @@ def prune(
     try:
         while True:
             pruned = repo.dead_purge_batch(older_than=retention, batch=batch)
+            total += pruned
+            if pruned < batch:
+                break
+        # Results carry their own expiry (keep_result), not the dead letters' retention.
+        while True:
+            pruned = repo.prune_results_batch(batch=batch)
             total += pruned
             if pruned < batch:
                 return total, None

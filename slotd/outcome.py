@@ -41,6 +41,10 @@ class Result:
     past_deadline: bool = False
     duration: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # A type with keep_result: the return value as JSON text and how long to keep it (the
+    # settlement stores it; see slotd/lifecycle.py). None for every other type.
+    value: str | None = None
+    keep_s: float | None = None
     # The handler's exception itself, for the in-process test modes to chain; never sent
     # over the runner's pipe (an exception need not pickle), where `error` says it all.
     exception: BaseException | None = field(default=None, repr=False, compare=False)
@@ -51,7 +55,16 @@ class Result:
     def fields(self) -> tuple[Any, ...]:
         """As plain values for the runner's pipe (`Result(*fields)` on the other end): a
         tuple pickles and loads at a fraction of a dataclass's cost, on every task."""
-        return (self.kind, self.error, self.advanced, self.past_deadline, self.duration, self.extra)
+        return (
+            self.kind,
+            self.error,
+            self.advanced,
+            self.past_deadline,
+            self.duration,
+            self.extra,
+            self.value,
+            self.keep_s,
+        )
 
 
 def past(deadline: datetime) -> bool:

@@ -26,3 +26,25 @@ def encode(payload: Mapping[str, Any] | None, what: str) -> str:
     if "\\u0000" in text and _NUL.search(text):
         raise TypeError(f"{what}: payload contains a NUL character, which PostgreSQL cannot store")
     return text
+
+
+# A stored result travels in the slot's last words (slotd/ledger.py) before it is written, so
+# it is bounded: a return value larger than this is the handler's error, not a truncation.
+RESULT_MAX = 256 * 1024
+
+
+def encode_result(value: Any, what: str) -> str:
+    """The JSON text of a handler's return value, or TypeError naming `what`: not
+    serializable, NaN/Infinity, a NUL character, or more than RESULT_MAX bytes."""
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{what}: return value is not JSON-serializable: {exc}") from None
+    if "\\u0000" in text and _NUL.search(text):
+        raise TypeError(f"{what}: return value contains a NUL character, which jsonb cannot store")
+    if len(text) > RESULT_MAX:
+        raise TypeError(
+            f"{what}: return value is {len(text)} bytes of JSON, over the {RESULT_MAX} bytes"
+            " a stored result may hold; store it elsewhere and return a reference"
+        )
+    return text

@@ -19,6 +19,7 @@ from slotd import outcome as kinds
 from slotd.errors import Cancelled, DeadlineExceeded
 from slotd.lifecycle import Settlement
 from slotd.outcome import Result, past
+from slotd.payload import encode_result
 from slotd.registry import Handler, Registry
 from slotd.repository import Claimed, Repository
 from slotd.task import Context
@@ -72,10 +73,27 @@ def execute(handler: Handler, ctx: Context, before: Callable[[], None] | None = 
     else:
         caught = None
         kind, error = (kinds.CONTINUE, None) if returned is False else (kinds.DONE, None)
+        if handler.keep_result is not None and kind == kinds.DONE:
+            return _kept(handler, ctx, returned, started)
     took = time.monotonic() - started
     late = past(ctx.deadline)
     # extra: the fields a middleware gave the attempt's log lines (trace_id, span_id).
     return Result(kind, error, ctx.advanced, late, took, ctx.log_fields, caught)
+
+
+def _kept(handler: Handler, ctx: Context, returned: Any, started: float) -> Result:
+    """A success of a type that keeps results: its return value as JSON (True and None
+    store null), else the handler's error, as a cursor that is not JSON is."""
+    assert handler.keep_result is not None
+    value = None if returned is True else returned
+    try:
+        text = encode_result(value, f"task {ctx.task.id}")
+    except TypeError as exc:
+        took = time.monotonic() - started
+        return Result(kinds.ERROR, _describe(exc), ctx.advanced, past(ctx.deadline), took)
+    took = time.monotonic() - started
+    keep = handler.keep_result.total_seconds()
+    return Result(kinds.DONE, None, ctx.advanced, past(ctx.deadline), took, value=text, keep_s=keep)
 
 
 def _describe(exc: BaseException) -> str:

@@ -54,6 +54,8 @@ class Handler:
     # The registry's middleware (slotd.middleware), shared by its handlers: one added after
     # the handler was registered wraps it too.
     chain: Chain | None = field(default=None, compare=False, repr=False)
+    # Store the JSON return value of a success for this long (slotd.result); None: dropped.
+    keep_result: timedelta | None = None
 
     def limits(self) -> tuple[int | None, float | None, float | None]:
         """As plain numbers, for the runner's hello to its slot."""
@@ -107,10 +109,12 @@ class Registry:
         backoff_cap: timedelta | None = None,
         max_running: int | None = None,
         max_running_per_group: int | None = None,
+        keep_result: timedelta | None = None,
     ) -> HandlerFn:
         """`max_attempts`, `backoff_base`, `backoff_cap` override the worker's settings for
         this type; the worker that claims a task stamps its threshold on the row.
-        `max_running` / `max_running_per_group`: fleet-wide concurrency limits."""
+        `max_running` / `max_running_per_group`: fleet-wide concurrency limits.
+        `keep_result`: store each success's JSON return value this long (slotd.result)."""
         validate_type_name(name)
         if name in self._handlers:
             raise ValueError(f"task type {name!r} is already registered")
@@ -122,6 +126,7 @@ class Registry:
             max_attempts = max_attempts_value(max_attempts, f"task type {name!r}: max_attempts")
         _positive(backoff_base, f"task type {name!r}: backoff_base")
         _positive(backoff_cap, f"task type {name!r}: backoff_cap")
+        _positive(keep_result, f"task type {name!r}: keep_result")
         if backoff_base and backoff_cap and backoff_cap < backoff_base:
             raise ValueError(f"task type {name!r}: backoff_cap is shorter than backoff_base")
         self._handlers[name] = Handler(
@@ -135,6 +140,7 @@ class Registry:
             _limit(name, "max_running", max_running),
             _limit(name, "max_running_per_group", max_running_per_group),
             self._chain,
+            keep_result,
         )
         return fn
 
@@ -172,6 +178,7 @@ class Registry:
         backoff_cap: timedelta | None = None,
         max_running: int | None = None,
         max_running_per_group: int | None = None,
+        keep_result: timedelta | None = None,
     ) -> Callable[[HandlerFn], HandlerFn]:
         def decorate(fn: HandlerFn) -> HandlerFn:
             return self.register(
@@ -183,6 +190,7 @@ class Registry:
                 backoff_cap=backoff_cap,
                 max_running=max_running,
                 max_running_per_group=max_running_per_group,
+                keep_result=keep_result,
             )
 
         return decorate

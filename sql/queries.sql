@@ -345,25 +345,67 @@ FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
 DELETE FROM slotd_tasks t
 WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(token)s::uuid
 
+-- fragment: results_kept
+-- The settled row's return value, stored for keep_s seconds, and the result notification
+-- (the task id; sent only if the settlement commits) that wakes slotd.wait_result. Only
+-- types with keep_result come here: a plain task's settlement sends no notification (one
+-- takes a cluster-wide lock at commit).
+kept AS (
+    INSERT INTO slotd_results (task_id, task_type, value, expires_at)
+    SELECT d.id, d.task_type, %(value)s::jsonb, now() + make_interval(secs => %(keep_s)s)
+    FROM done d
+    RETURNING task_id
+), told AS (
+    SELECT k.task_id, pg_notify('slotd_result', k.task_id::text) FROM kept k
+)
+
+-- name: dequeue_keep
+-- `dequeue` for a type that keeps results: the delete and the result's insert are one
+-- statement fenced on the token, so a worker whose lease is gone writes neither.
+WITH done AS (
+    DELETE FROM slotd_tasks t
+    WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(token)s::uuid
+    RETURNING t.id, t.task_type
+), {results_kept}
+SELECT task_id FROM told
+
+-- name: dequeue_keep_claim
+-- `dequeue_claim` for a type that keeps results (see dequeue_keep).
+WITH done AS (
+    DELETE FROM slotd_tasks t
+    WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(done_token)s::uuid
+    RETURNING t.id, t.task_type
+), {results_kept}, {claim_ctes}
+SELECT (SELECT count(*) FROM told) AS dequeued, c.*
+FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
+
 -- name: record_failure
 -- Capped exponential backoff from the attempt the claim already counted, shortened by up
--- to the jitter fraction so a thousand simultaneous failures do not return together.
+-- to the jitter fraction so a thousand simultaneous failures do not return together. The
+-- attempt that makes the dead letter sends the result notification (slotd.wait_result).
 WITH backoff AS (
     SELECT now() + make_interval(secs =>
         least(%(base_s)s * power(2::float8, least(greatest(t.attempt_count - 1, 0), 40)),
               %(cap_s)s) * (1 - %(jitter)s * random())) AS run_at
     FROM slotd_tasks t
     WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
+), failed AS (
+    UPDATE slotd_tasks t
+    SET last_error = CASE WHEN t.cancelled_at IS NULL THEN %(error)s ELSE t.last_error END,
+        run_at = b.run_at,
+        order_at = b.run_at - {head_start},
+        lease_token = NULL,
+        lease_expires_at = NULL
+    FROM backoff b
+    WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
+    RETURNING t.id, t.attempt_count, t.max_attempts, t.run_at
 )
-UPDATE slotd_tasks t
-SET last_error = CASE WHEN t.cancelled_at IS NULL THEN %(error)s ELSE t.last_error END,
-    run_at = b.run_at,
-    order_at = b.run_at - {head_start},
-    lease_token = NULL,
-    lease_expires_at = NULL
-FROM backoff b
-WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
-RETURNING t.attempt_count, t.max_attempts, t.run_at
+SELECT f.attempt_count, f.max_attempts, f.run_at
+FROM failed f
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN f.attempt_count >= f.max_attempts
+                THEN pg_notify('slotd_result', f.id::text) END
+) n
 
 -- name: advance_cursor
 -- A slice's progress, under the lease it runs under: the payload becomes the cursor and the
@@ -423,6 +465,9 @@ WITH released AS (
 )
 SELECT r.id, NOT r.retryable AS dead FROM released r
 LEFT JOIN LATERAL (SELECT pg_notify('slotd_wake', '')) n ON r.retryable
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN NOT r.retryable THEN pg_notify('slotd_result', r.id::text) END
+) ended
 
 -- fragment: live_types
 -- The types with live rows, by a loose index scan of a per-type partial index (one descent
@@ -716,7 +761,10 @@ SELECT c.id, c.task_type, c.running
 FROM cancelled c
 CROSS JOIN LATERAL (
     SELECT CASE WHEN c.running THEN pg_notify('slotd_control', json_build_object(
-        'op', 'cancel', 'id', c.id, 'token', c.lease_token, 'by', %(by)s::text)::text) END
+        'op', 'cancel', 'id', c.id, 'token', c.lease_token, 'by', %(by)s::text)::text)
+        -- Not running: it has ended here (slotd.wait_result); a running one ends when its
+        -- slot settles it (settle_cancelled).
+        ELSE pg_notify('slotd_result', c.id::text) END
 ) n
 ORDER BY c.id
 
@@ -728,9 +776,13 @@ WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid AND t.cancelled_at IS NO
 -- name: settle_cancelled
 -- The end of an attempt an operator cancelled: the lease goes and the row stays the dead
 -- letter the cancel made it, never retried unless someone runs `slotd dead retry`.
-UPDATE slotd_tasks t
-SET lease_token = NULL, lease_expires_at = NULL
-WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid AND t.cancelled_at IS NOT NULL
+WITH settled AS (
+    UPDATE slotd_tasks t
+    SET lease_token = NULL, lease_expires_at = NULL
+    WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid AND t.cancelled_at IS NOT NULL
+    RETURNING t.id
+)
+SELECT s.id, pg_notify('slotd_result', s.id::text) FROM settled s
 
 -- name: pause
 -- Fleet-wide: the claim statement reads this table, so a pause needs no replica to hear of
@@ -909,3 +961,33 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, true),
 -- name: dash_schedules
 -- Whatever columns the schedules table has (read only once dash_tables found it).
 SELECT to_jsonb(s) FROM slotd_schedules s ORDER BY 1 LIMIT %(limit)s
+
+-- name: result_of
+-- A task's state for slotd.result: its queue row while it has one (running under a live
+-- lease, pending below its attempts, else the dead letter: cancelled or failed, with the
+-- reason or last error), else its stored result until keep_result runs out.
+SELECT CASE WHEN {lease_live} THEN 'running'
+            WHEN t.attempt_count < t.max_attempts THEN 'pending'
+            WHEN t.cancelled_at IS NOT NULL THEN 'cancelled'
+            ELSE 'failed' END AS state,
+       NULL::jsonb AS value,
+       CASE WHEN {dead} THEN t.last_error END AS error
+FROM slotd_tasks t WHERE t.id = %(id)s
+UNION ALL
+SELECT 'succeeded', r.value, NULL
+FROM slotd_results r WHERE r.task_id = %(id)s AND r.expires_at > now()
+LIMIT 1
+
+-- name: results_prune
+-- The retention chore: results past their keep_result, a batch per transaction.
+DELETE FROM slotd_results r
+WHERE r.task_id IN (
+    SELECT x.task_id FROM slotd_results x WHERE x.expires_at <= now()
+    ORDER BY x.expires_at LIMIT %(batch)s
+)
+
+-- name: listen_results
+LISTEN slotd_result
+
+-- name: unlisten_results
+UNLISTEN slotd_result

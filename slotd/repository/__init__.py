@@ -12,6 +12,7 @@ concern:
 - schedules: periodic schedules
 - testmodes: the test modes' views and clock
 - dashboard: the web dashboard's reads
+- results: stored results (slotd.result), their notifications and their prune
 - sessions: liveness, LISTEN/NOTIFY, lock waits of one connection's session
 
 `Repository` is all of a worker's concerns on one pair of lanes. Every name stays
@@ -63,6 +64,7 @@ from slotd.repository.queue import (
     limit_params,
     storable,
 )
+from slotd.repository.results import RESULT_CHANNEL, ResultStore
 from slotd.repository.schedules import Schedules
 from slotd.repository.schema import create_database, migrate, migrations, schema_present
 from slotd.repository.sessions import (
@@ -83,6 +85,7 @@ __all__ = [
     "ERROR_LIMIT",
     "PRIORITY_RANGE",
     "PRIORITY_SPAN",
+    "RESULT_CHANNEL",
     "WAKE_CHANNEL",
     "AsyncExecutor",
     "CancelledTask",
@@ -98,6 +101,7 @@ __all__ = [
     "OperatorControl",
     "QueueProtocol",
     "Repository",
+    "ResultStore",
     "Schedules",
     "array_literal",
     "backend_pid",
@@ -128,6 +132,6 @@ __all__ = [
 ]
 
 
-class Repository(QueueProtocol, OperatorControl, Fleet, Schedules, Inspection):
+class Repository(QueueProtocol, OperatorControl, Fleet, Schedules, Inspection, ResultStore):
     """The queue on one worker's connections: discovery on the read lane, claims and
     fenced settlements on the write lane, each write bounded by SET LOCAL timeouts."""

@@ -183,8 +183,16 @@ class QueueProtocol(Lanes):
 
     # fenced settlements
 
-    def dequeue(self, task_id: int, token: uuid.UUID | None) -> None:
-        count, _ = self._write("dequeue", {"id": task_id, "token": token})
+    def dequeue(
+        self, task_id: int, token: uuid.UUID | None, kept: tuple[str, float] | None = None
+    ) -> None:
+        """`kept`: (the return value's JSON text, seconds to keep it), for a type with
+        keep_result: stored by the same fenced statement."""
+        if kept is None:
+            count, _ = self._write("dequeue", {"id": task_id, "token": token})
+        else:
+            params = {"id": task_id, "token": token, "value": kept[0], "keep_s": kept[1]}
+            count, _ = self._write("dequeue_keep", params)
         if count == 0:
             raise LeaseLost(f"task {task_id}: dequeue refused, the lease is not ours")
 
@@ -195,11 +203,12 @@ class QueueProtocol(Lanes):
         ids: Sequence[int],
         registry: Registry,
         lease_token: uuid.UUID | None = None,
+        kept: tuple[str, float] | None = None,
     ) -> Claimed | None:
         """Dequeue a finished task and claim the next of `ids` in one statement: one round
         trip, one commit. A refused dequeue raises LeaseLost carrying the new claim.
         `lease_token`: the new lease's token, when the caller must be able to find its claim
-        again (see held_lease)."""
+        again (see held_lease). `kept`: as for dequeue."""
         params = {
             **self._claim_params(ids, registry),
             "lease_token": None if lease_token is None else str(lease_token),
@@ -209,7 +218,11 @@ class QueueProtocol(Lanes):
             "settling": task_id,
             "settling_token": token,
         }
-        _, rows = self._write("dequeue_claim", params, self._lock_types(ids, registry))
+        name = "dequeue_claim"
+        if kept is not None:
+            name = "dequeue_keep_claim"
+            params["value"], params["keep_s"] = kept
+        _, rows = self._write(name, params, self._lock_types(ids, registry))
         dequeued, *claim = rows[0]
         claimed = Claimed(*claim) if claim[0] is not None else None
         if not dequeued:

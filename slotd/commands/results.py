@@ -1,0 +1,55 @@
+"""`slotd result ID [--wait 30s] [--json]`: a task's state, stored result or error."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from slotd import db
+from slotd.config import Settings, parse_duration
+from slotd.results import TaskResult, result, wait_result
+
+
+@click.command("result")
+@click.argument("task_id", metavar="ID", type=click.IntRange(min=1))
+@click.option("--wait", "wait", help="Wait this long for it to end, like 30s (else now).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
+@click.pass_context
+def result_command(ctx: click.Context, task_id: int, wait: str | None, as_json: bool) -> None:
+    """A task's state: pending, running, succeeded (with its stored result), failed,
+    cancelled or expired (with the error). Exit 1 when there is no such task (never one,
+    or gone: a success without keep_result) or --wait ran out."""
+    settings: Settings = ctx.obj
+    timeout = None if wait is None else parse_duration(wait, name="--wait").total_seconds()
+    url = db.existing_url(settings)
+    with db.connect(url, role="slotd result", prepare=settings.prepare) as conn:
+        if timeout is None:
+            found = result(conn, task_id)
+        else:
+            try:
+                found = wait_result(conn, task_id, timeout, listen_url=settings.database_url_listen)
+            except TimeoutError as exc:
+                click.echo(f"slotd: {exc}", err=True)
+                sys.exit(1)
+    if found is None:
+        click.echo(f"slotd: no task {task_id} (never enqueued, or gone)", err=True)
+        sys.exit(1)
+    click.echo(_render(task_id, found, as_json))
+
+
+def _render(task_id: int, found: TaskResult, as_json: bool) -> str:
+    if as_json:
+        body = {"id": task_id, "state": found.state, "value": found.value, "error": found.error}
+        return json.dumps(body, sort_keys=True)
+    lines = [f"task {task_id}: {found.state}"]
+    if found.state == "succeeded":
+        lines.append(json.dumps(found.value))
+    if found.error:
+        lines.append(found.error)
+    return "\n".join(lines)
+
+
+def register(group: click.Group) -> None:
+    group.add_command(result_command)

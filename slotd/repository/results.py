@@ -1,0 +1,40 @@
+"""Stored results: a task's state read for slotd.result, the result notifications it waits
+on, and the retention chore's prune of results past their keep_result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slotd.repository.lanes import Lanes
+from slotd.repository.named import AsyncExecutor, Executor, _sql
+
+RESULT_CHANNEL = "slotd_result"
+
+Row = tuple[str, Any, str | None]  # state, value, error
+
+
+def result_of(target: Executor, task_id: int) -> Row | None:
+    row = target.execute(_sql("result_of"), {"id": task_id}).fetchone()
+    return None if row is None else (row[0], row[1], row[2])
+
+
+async def result_of_async(target: AsyncExecutor, task_id: int) -> Row | None:
+    cur = await target.execute(_sql("result_of"), {"id": task_id})
+    row = await cur.fetchone()
+    return None if row is None else (row[0], row[1], row[2])
+
+
+def listen_results(target: Executor, on: bool = True) -> None:
+    target.execute(_sql("listen_results" if on else "unlisten_results"))
+
+
+async def listen_results_async(target: AsyncExecutor, on: bool = True) -> None:
+    await target.execute(_sql("listen_results" if on else "unlisten_results"))
+
+
+class ResultStore(Lanes):
+    """The retention chore's side of the result store."""
+
+    def prune_results_batch(self, batch: int = 5000) -> int:
+        count, _ = self._write("results_prune", {"batch": batch})
+        return count
