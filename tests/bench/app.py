@@ -98,3 +98,9 @@ def _tracing() -> None:
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Dropped()))
     trace.set_tracer_provider(provider)
+
+
+@registry.handler("bench.keep", ceiling=timedelta(seconds=30), keep_result=timedelta(hours=1))
+def keep(task: slotd.Task, ctx: slotd.Context) -> dict[str, int]:
+    """bench.noop with a stored result (keep_result): the cost of the result store."""
+    return {"id": task.id}
