@@ -69,7 +69,7 @@ def execute(handler: Handler, ctx: Context, before: Callable[[], None] | None = 
             kind, error = kinds.ERROR, _describe(exc)
         if isinstance(exc, DeadlineExceeded):
             took = time.monotonic() - started
-            return Result(kind, error, ctx.advanced, True, took, ctx.log_fields, exc)
+            return Result(kind, error, ctx.advanced, True, took, ctx.log_fields, exception=exc)
     else:
         caught = None
         kind, error = (kinds.CONTINUE, None) if returned is False else (kinds.DONE, None)
@@ -78,7 +78,7 @@ def execute(handler: Handler, ctx: Context, before: Callable[[], None] | None = 
     took = time.monotonic() - started
     late = past(ctx.deadline)
     # extra: the fields a middleware gave the attempt's log lines (trace_id, span_id).
-    return Result(kind, error, ctx.advanced, late, took, ctx.log_fields, caught)
+    return Result(kind, error, ctx.advanced, late, took, ctx.log_fields, exception=caught)
 
 
 def _kept(handler: Handler, ctx: Context, returned: Any, started: float) -> Result:
@@ -90,10 +90,15 @@ def _kept(handler: Handler, ctx: Context, returned: Any, started: float) -> Resu
         text = encode_result(value, f"task {ctx.task.id}")
     except TypeError as exc:
         took = time.monotonic() - started
-        return Result(kinds.ERROR, _describe(exc), ctx.advanced, past(ctx.deadline), took)
+        return Result(
+            kinds.ERROR, _describe(exc), ctx.advanced, past(ctx.deadline), took, ctx.log_fields
+        )
     took = time.monotonic() - started
     keep = handler.keep_result.total_seconds()
-    return Result(kinds.DONE, None, ctx.advanced, past(ctx.deadline), took, value=text, keep_s=keep)
+    late = past(ctx.deadline)
+    return Result(
+        kinds.DONE, None, ctx.advanced, late, took, ctx.log_fields, value=text, keep_s=keep
+    )
 
 
 def _describe(exc: BaseException) -> str:
