@@ -1,6 +1,6 @@
 """slotd: a durable PostgreSQL task queue and the worker daemon that drains it."""
 
-from slotd.errors import Cancelled, DeadlineExceeded, LeaseLost, SlotdError
+from slotd.errors import Cancelled, DeadlineExceeded, LeaseLost, SchemaNotMigrated, SlotdError
 from slotd.outcome import Outcome
 from slotd.registry import Registry
 from slotd.repository import NewTask
@@ -14,6 +14,7 @@ __all__ = [
     "NewTask",
     "Outcome",
     "Registry",
+    "SchemaNotMigrated",
     "SlotdError",
     "Task",
     "TaskResult",
@@ -29,7 +30,7 @@ __all__ = [
     "wait_result",
     "wait_result_async",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 from slotd.control import cancel, pause, resume  # noqa: E402
 from slotd.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async  # noqa: E402

@@ -8,9 +8,10 @@ from typing import Any
 import click
 import psycopg
 
-from slotd import db
+import slotd
+from slotd import db, upgrades
 from slotd.config import Settings
-from slotd.errors import ConfigError, SlotdError
+from slotd.errors import ConfigError, SchemaNotMigrated, SlotdError
 from slotd.repository import migrate as run_migrations
 
 
@@ -26,8 +27,19 @@ class SlotdGroup(click.Group):
         except click.UsageError as exc:
             click.echo(f"slotd: {exc.format_message()}", err=True)
             sys.exit(2)
+        except SchemaNotMigrated as exc:
+            click.echo(f"slotd: {exc}", err=True)
+            sys.exit(2)
         except psycopg.Error as exc:
             first = db.first_line(exc)
+            if upgrades.is_behind(exc):
+                # Any command on an unmigrated or older schema: the fix, not the symptom.
+                click.echo(
+                    f"slotd: the database's slotd schema is missing or older than "
+                    f"this slotd ({first}): {upgrades.ADVICE}",
+                    err=True,
+                )
+                sys.exit(2)
             click.echo(f"slotd: database error: {first}", err=True)
             sys.exit(1)
         except SlotdError as exc:
@@ -41,6 +53,7 @@ def settings_from(ctx: click.Context) -> Settings:
 
 
 @click.group(cls=SlotdGroup)
+@click.version_option(slotd.__version__, prog_name="slotd")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None)
 @click.pass_context
 def main(ctx: click.Context, log_format: str | None) -> None:
@@ -53,13 +66,18 @@ def main(ctx: click.Context, log_format: str | None) -> None:
 
 
 @main.command()
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Apply contract steps even while replicas older than they allow are alive.",
+)
 @click.pass_context
-def migrate(ctx: click.Context) -> None:
+def migrate(ctx: click.Context, force: bool) -> None:
     """Create or upgrade the schema (safe to run twice, and from two hosts at once)."""
     settings = settings_from(ctx)
     url = db.primary_url(settings)
     with db.connect(url, role="slotd migrate", prepare=settings.prepare) as conn:
-        applied = run_migrations(conn)
+        applied = run_migrations(conn, force=force)
     click.echo(f"applied {', '.join(applied)}" if applied else "schema up to date")
 
 

@@ -8,7 +8,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import timedelta
 from typing import Any
 
-from slotd import integrations, repository
+from slotd import integrations, repository, upgrades
 from slotd.config import max_attempts_from_env, max_attempts_value, priority_step
 from slotd.repository import NewTask
 from slotd.targets import async_target, sync_target
@@ -81,18 +81,7 @@ def enqueue_many(
     `unique` (for keyed items; a NewTask's own `unique` wins): "live" dedupes against a
     pending or running task with the key, "pending" only against one not started yet."""
     target = sync_target(conn, "slotd.enqueue_many")
-    rows = _rows(items)
-    with _sending(rows) as send:
-        ids = repository.enqueue_many(
-            target,
-            rows,
-            **_attempts(max_attempts),
-            priority_step=priority_step(),
-            trace=send.context if send else None,
-            unique=unique,
-        )
-        if send:
-            send.sent(ids)
+from slotd import integrations, repository, upgrades
     _announce(target, ids)
     return ids
 
@@ -128,18 +117,7 @@ async def enqueue_many_async(
     """enqueue_many from asyncio: a psycopg AsyncConnection or AsyncCursor, or a SQLAlchemy
     AsyncSession or AsyncConnection on the psycopg driver. Same statement, same rules."""
     target = await async_target(conn, "slotd.enqueue_many_async")
-    rows = _rows(items)
-    with _sending(rows) as send:
-        ids = await repository.enqueue_many_async(
-            target,
-            rows,
-            **_attempts(max_attempts),
-            priority_step=priority_step(),
-            trace=send.context if send else None,
-            unique=unique,
-        )
-        if send:
-            send.sent(ids)
+from slotd import integrations, repository, upgrades
     _announce(target, ids)
     return ids
 

@@ -30,3 +30,13 @@ class LeaseLost(SlotdError):
 
 class UnknownTaskType(SlotdError):
     """A claimed row names a type this registry has no handler for."""
+
+
+class SchemaNotMigrated(SlotdError):
+    """The database lacks slotd's schema, or has an older one than this code needs: the
+    fix is `slotd migrate` (the CLI exits 2 with this one line)."""
+
+
+class UnsafeMigration(ConfigError):
+    """`slotd migrate` refused a contract step: replicas whose code still uses what it
+    removes are alive (exit 2, naming them; `--force` applies it anyway)."""

@@ -65,7 +65,9 @@ class Daemon:
         app: str = "tests.apps.runtime:registry",
         env: dict[str, str] | None = None,
         args: list[str] | None = None,
+        cwd: Path = ROOT,
     ) -> None:
+        self.cwd = cwd  # another release's tree: `python -m` puts the cwd first on sys.path
         self.env = {
             **os.environ,
             **FAST,
@@ -84,7 +86,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             self.cmd,
             env=self.env,
-            cwd=ROOT,
+            cwd=self.cwd,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

@@ -6,6 +6,7 @@ of a million rows interrupted with Ctrl-C keeps the batches it finished and noth
 
 from __future__ import annotations
 
+import collections
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -171,19 +172,20 @@ def status(ctx: click.Context, as_json: bool) -> None:
         table = _table(("TYPE", "BY", "SINCE", "UNTIL"), rows)
         click.echo("\n".join("  " + line for line in table.splitlines()))
     slots = sum(r["slots"] for r in replicas)
-    click.echo(f"replicas: {len(replicas)} live, {slots} slots")
+    click.echo(f"replicas: {len(replicas)} live, {slots} slots{fleet_versions(replicas)}")
     if replicas:
         rows = [
             (
                 r["hostname"],
                 r["pid"],
+                r["version"] or OLDEST,
                 r["slots"],
                 _ago(r["seen_ago_s"]) + " ago",
                 ",".join(r["task_types"]),
             )
             for r in replicas
         ]
-        table = _table(("HOST", "PID", "SLOTS", "SEEN", "TYPES"), rows)
+        table = _table(("HOST", "PID", "VERSION", "SLOTS", "SEEN", "TYPES"), rows)
         click.echo("\n".join("  " + line for line in table.splitlines()))
 
 
@@ -193,6 +195,21 @@ def _echo_outcomes(recent: Any) -> None:
     click.echo(f"attempts in the last {recent.minutes}m: {listed}")
     for outcome, n in recent.alarming.items():
         click.echo(f"  ! {n} {outcome}: {ALARM_REASONS[outcome]}")
+
+
+# A replica of a release before sql/013 heartbeats no version.
+OLDEST = "0.1.x"
+
+
+def fleet_versions(replicas: Sequence[dict[str, Any]]) -> str:
+    """ ", versions: 0.2.0 x2, 0.1.x x1" while a rollout runs two releases at once (newest
+    code first: by the newest migration each carries), else the one version."""
+    counts = collections.Counter(r.get("version") or OLDEST for r in replicas)
+    if len(counts) <= 1:
+        return f", version {next(iter(counts))}" if counts else ""
+    level = {(r.get("version") or OLDEST): r.get("migration") or 0 for r in replicas}
+    newest = sorted(counts.items(), key=lambda kv: level[kv[0]], reverse=True)
+    return ", versions: " + ", ".join(f"{v} x{n}" for v, n in newest)
 
 
 def declared_limits(replicas: Sequence[dict[str, Any]]) -> dict[str, tuple[int | None, int | None]]:

@@ -9,7 +9,7 @@ import sys
 import click
 import psycopg
 
-from slotd import db, logs, repository
+from slotd import db, logs, repository, upgrades
 from slotd.config import Settings
 from slotd.errors import ConfigError
 from slotd.registry import Registry, load_registry
@@ -75,15 +75,19 @@ def _where(url: str) -> tuple[str | None, ...]:
 
 
 def _check_schema(url: str) -> None:
-    """A missing schema is a usage error, said once; a database that is down is not: the
-    supervisor waits for it."""
+    """A missing or older schema is a usage error, said once before any slot starts (not
+    a slot's first statement failing, over and over); a database that is down is not:
+    the supervisor waits for it."""
     try:
         with db.connect(url, role="slotd run", connect_timeout=5) as conn:
             present = repository.schema_present(conn)
+            lacking = repository.unapplied_migrations(conn) if present else []
     except psycopg.OperationalError:
         return
     if not present:
         raise ConfigError("the database has no slotd schema: run `slotd migrate` first")
+    if lacking:
+        raise ConfigError(upgrades.behind_message(lacking))
 
 
 def register(group: click.Group) -> None:

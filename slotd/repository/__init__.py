@@ -66,7 +66,14 @@ from slotd.repository.queue import (
 )
 from slotd.repository.results import RESULT_CHANNEL, ResultStore
 from slotd.repository.schedules import Schedules
-from slotd.repository.schema import create_database, migrate, migrations, schema_present
+from slotd.repository.schema import (
+    create_database,
+    migrate,
+    migrations,
+    newest_migration,
+    schema_present,
+    unapplied_migrations,
+)
 from slotd.repository.sessions import (
     WAKE_CHANNEL,
     backend_pid,
@@ -125,6 +132,8 @@ __all__ = [
     "read_committed_session",
     "resume_type",
     "schema_present",
+    "newest_migration",
+    "unapplied_migrations",
     "sql_dir",
     "statements",
     "storable",

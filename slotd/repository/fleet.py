@@ -11,6 +11,7 @@ from typing import Any
 from slotd.repository.lanes import Lanes
 from slotd.repository.named import _dicts, _sql
 from slotd.repository.queue import Limits
+from slotd.repository.schema import newest_migration
 
 
 class Fleet(Lanes):
@@ -40,6 +41,10 @@ class Fleet(Lanes):
             "task_types": task_types,
             "leases": json.dumps({str(k): v for k, v in (leases or {}).items()}),
             "limits": json.dumps({k: list(v) for k, v in (limits or {}).items()}),
+            # Which slotd runs there: `slotd status`, the dashboard, and the contract-step
+            # guard of `slotd migrate` read them (sql/013).
+            "version": _version(),
+            "migration": newest_migration(),
         }
         # Bounded like every queue write: a heartbeat stuck behind a lock must end.
         self._write("replica_heartbeat", params)
@@ -57,3 +62,9 @@ class Fleet(Lanes):
 
     def replicas(self) -> list[dict[str, Any]]:
         return _dicts(self.write.execute(_sql("replicas")))
+
+
+def _version() -> str:
+    from slotd import __version__  # the package imports the repository first
+
+    return __version__

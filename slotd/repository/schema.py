@@ -3,39 +3,70 @@ the embedded server and the throwaway test servers create."""
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import psycopg
 
+from slotd import upgrades
+from slotd.errors import UnsafeMigration
 from slotd.repository.named import _sql, sql_dir
 
 
 def migrations() -> list[tuple[int, str, str]]:
-    found = []
-    for path in sorted(sql_dir().glob("[0-9][0-9][0-9]_*.sql")):
-        found.append((int(path.name[:3]), path.stem, path.read_text()))
-    return found
+    return [(m.version, m.name, m.body) for m in upgrades.read(sql_dir())]
 
 
-def migrate(conn: psycopg.Connection[Any]) -> list[str]:
+@cache
+def newest_migration() -> int:
+    """The newest migration this code carries: what its replicas heartbeat, so that
+    `slotd migrate` can tell which of them a contract step would break."""
+    return max(m.version for m in upgrades.read(sql_dir()))
+
+
+def migrate(conn: psycopg.Connection[Any], *, force: bool = False) -> list[str]:
     """Apply the numbered migrations not yet recorded, all in one transaction that first
     takes a transaction-scoped advisory lock and reads what is applied under it: two hosts
     migrating at once take turns, the second finds nothing to do, and a failing migration
     leaves the schema as it was. Transaction-scoped, not a session lock: behind a
     transaction-mode pooler a session lock and its unlock can land on different server
-    sessions and the lock stays held in the pool; this one ends with its COMMIT."""
+    sessions and the lock stays held in the pool; this one ends with its COMMIT.
+
+    A contract step (slotd.upgrades) is applied only while no live replica runs code older
+    than it allows, unless `force`: the steps before it are committed, and UnsafeMigration
+    names the replicas."""
     applied_now: list[str] = []
+    refused: str | None = None
     with conn.transaction():
         conn.execute(_sql("migrate_lock"))
         conn.execute(_sql("migrate_init"))
         done = {row[0] for row in conn.execute(_sql("migrate_applied"))}
-        for version, name, body in migrations():
-            if version in done:
+        for step in upgrades.read(sql_dir()):
+            if step.version in done:
                 continue
-            conn.execute(body)  # type: ignore[arg-type]
-            conn.execute(_sql("migrate_record"), {"version": version, "name": name})
-            applied_now.append(name)
+            if step.contract_of is not None and not force:
+                # Read under the lock, after the steps before it: any columns will do
+                # (a replica of a release before sql/013 has no version to show).
+                fleet = [row[0] for row in conn.execute(_sql("migrate_fleet"))]
+                older = upgrades.too_old(fleet, step.contract_of)
+                if older:
+                    refused = upgrades.refusal(step, older)
+                    break
+            conn.execute(step.body)  # type: ignore[arg-type]
+            conn.execute(_sql("migrate_record"), {"version": step.version, "name": step.name})
+            applied_now.append(step.name)
+    if refused is not None:
+        done_part = f"applied {', '.join(applied_now)}; " if applied_now else ""
+        raise UnsafeMigration(done_part + refused)
     return applied_now
+
+
+def unapplied_migrations(conn: psycopg.Connection[Any]) -> list[str]:
+    """What this code needs that the database lacks (all of it on an empty database)."""
+    if not schema_present(conn):
+        return [m.name for m in upgrades.read(sql_dir())]
+    done = {row[0] for row in conn.execute(_sql("migrate_applied"))}
+    return upgrades.missing(upgrades.read(sql_dir()), done)
 
 
 def schema_present(conn: psycopg.Connection[Any]) -> bool:

@@ -43,7 +43,7 @@ from slotd import db, repository
 from slotd.config import parse_duration
 from slotd.contrib.django import results
 from slotd.enqueue import hooks_held
-from slotd.errors import ConfigError
+from slotd.errors import ConfigError, SchemaNotMigrated
 from slotd.registry import TYPE_NAME
 
 TYPE_PREFIX = "django."
@@ -269,9 +269,11 @@ class SlotdBackend(BaseTaskBackend):
 def _schema_hint(alias: str) -> Iterator[None]:
     try:
         yield
-    except psycopg.errors.UndefinedTable as exc:
+    except (psycopg.errors.UndefinedTable, SchemaNotMigrated) as exc:
+        # slotd.enqueue says "run slotd migrate"; here the fix is Django's own command.
+        cause = exc.__cause__ if isinstance(exc, SchemaNotMigrated) and exc.__cause__ else exc
         raise ImproperlyConfigured(
-            f"slotd's tables are missing from database {alias!r} ({db.first_line(exc)}): add "
+            f"slotd's tables are missing from database {alias!r} ({db.first_line(cause)}): add "
             '"slotd.contrib.django" to INSTALLED_APPS and run manage.py migrate'
         ) from exc
 
