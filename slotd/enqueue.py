@@ -81,7 +81,18 @@ def enqueue_many(
     `unique` (for keyed items; a NewTask's own `unique` wins): "live" dedupes against a
     pending or running task with the key, "pending" only against one not started yet."""
     target = sync_target(conn, "slotd.enqueue_many")
-from slotd import integrations, repository, upgrades
+    rows = _rows(items)
+    with upgrades.migrated(), _sending(rows) as send:
+        ids = repository.enqueue_many(
+            target,
+            rows,
+            **_attempts(max_attempts),
+            priority_step=priority_step(),
+            trace=send.context if send else None,
+            unique=unique,
+        )
+        if send:
+            send.sent(ids)
     _announce(target, ids)
     return ids
 
@@ -117,7 +128,18 @@ async def enqueue_many_async(
     """enqueue_many from asyncio: a psycopg AsyncConnection or AsyncCursor, or a SQLAlchemy
     AsyncSession or AsyncConnection on the psycopg driver. Same statement, same rules."""
     target = await async_target(conn, "slotd.enqueue_many_async")
-from slotd import integrations, repository, upgrades
+    rows = _rows(items)
+    with upgrades.migrated(), _sending(rows) as send:
+        ids = await repository.enqueue_many_async(
+            target,
+            rows,
+            **_attempts(max_attempts),
+            priority_step=priority_step(),
+            trace=send.context if send else None,
+            unique=unique,
+        )
+        if send:
+            send.sent(ids)
     _announce(target, ids)
     return ids
 

@@ -57,3 +57,15 @@ def test_cpu_per_task_bench_reports_every_role() -> None:
         # CPU times tick in 10 ms: at toy size only the big shares are surely above zero.
         assert rate > 0 and own >= supervisor + slots + runners - 3 and slots > 0, row
         assert backends > 0, row
+
+
+def test_soak_runs_a_minute_and_reports_it() -> None:
+    # The CI variant of tests/bench/soak.py: one minute at a trickle, every column filled.
+    cmd = [sys.executable, str(ROOT / "tests" / "bench" / "soak.py"), "--minutes", "1",
+           "--rate", "20", "--slots", "2"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (row,) = [line for line in proc.stdout.splitlines() if line.startswith("| 1 |")]
+    cells = [c.strip().replace(",", "") for c in row.strip("| ").split(" | ")]
+    assert float(cells[1]) > 0 and float(cells[3]) > 0, row  # tasks/s, start p99
+    assert "Last minute vs first" in proc.stdout

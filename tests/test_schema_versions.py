@@ -25,6 +25,8 @@ from slotd.localpg import LocalPostgres
 from slotd.repository import create_database, migrations, newest_migration
 from tests.daemon import ROOT, Daemon, wait_for
 
+FIRST_OF_THIS_RELEASE = 13
+
 
 def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -39,8 +41,8 @@ def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def behind_url(pg_server: LocalPostgres) -> Iterator[str]:
-    """A database migrated by everything but this checkout's newest migration: the
-    schema a deployment has before `slotd migrate` of this release."""
+    """A database migrated as far as the previous release went (sql/011; everything
+    before sql/013, this release's first): what a deployment has before `slotd migrate`."""
     name = f"slotd_behind_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_server.url(), autocommit=True) as admin:
         create_database(admin, name)
@@ -51,7 +53,7 @@ def behind_url(pg_server: LocalPostgres) -> Iterator[str]:
             " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
         )
         for version, name_, body in migrations():
-            if version < newest_migration():
+            if version < FIRST_OF_THIS_RELEASE:
                 conn.execute(body)  # type: ignore[arg-type]
                 conn.execute(
                     "INSERT INTO slotd_schema_migrations (version, name) VALUES (%s, %s)",
@@ -185,9 +187,9 @@ def test_only_a_header_line_makes_a_contract_step() -> None:
 def test_a_replica_on_an_older_schema_refuses_with_one_line(behind_url: str) -> None:
     result = _cli(behind_url, "run", "--app", "tests.apps.runtime:registry")
     assert result.returncode == 2
-    newest = next(name for v, name, _ in migrations() if v == newest_migration())
+    lacking = ", ".join(name for v, name, _ in migrations() if v >= FIRST_OF_THIS_RELEASE)
     assert result.stderr.strip().splitlines() == [
-        f"slotd: the database's slotd schema lacks {newest}: run slotd migrate"
+        f"slotd: the database's slotd schema lacks {lacking}: run slotd migrate"
     ]
 
 
