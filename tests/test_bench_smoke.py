@@ -59,6 +59,7 @@ def test_cpu_per_task_bench_reports_every_role() -> None:
         assert backends > 0, row
 
 
+@pytest.mark.timeout(300)  # a minute of soak by design, plus a server's and a replica's start
 def test_soak_runs_a_minute_and_reports_it() -> None:
     # The CI variant of tests/bench/soak.py: one minute at a trickle, every column filled.
     cmd = [sys.executable, str(ROOT / "tests" / "bench" / "soak.py"), "--minutes", "1",

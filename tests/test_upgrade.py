@@ -114,6 +114,8 @@ def _complaints(daemon: Daemon) -> list[str]:
     return found
 
 
+# Two releases' fleets, five `slotd` starts and a drain: ~60 s on a quiet machine.
+@pytest.mark.timeout(300)
 def test_the_previous_release_keeps_draining_through_migrate_and_beside_new_replicas(
     previous: Release, bare_url: str, daemons: list[Daemon]
 ) -> None:
