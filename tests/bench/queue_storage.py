@@ -125,7 +125,7 @@ def drains(args: argparse.Namespace) -> None:
                 print(f"\n#### {setting}: {opts[0] if opts else None} (load {load()})")
                 print(
                     "| drain | tasks/s | discover mean ms | discover max ms | discovers |"
-                    " dead tuples after | table MB | indexes MB | autovacuums in it |"
+                    " dead tuples after | table MB | indexes MB | autovacuums in it | HOT updates |"
                 )
                 print("|---|---|---|---|---|---|---|---|---|---|")
                 daemon = Daemon(

@@ -5,12 +5,13 @@
 
 A private PostgreSQL with a production's durability (fsync, synchronous_commit and
 full_page_writes on; autovacuum at PostgreSQL's defaults), one `slotd run --slots N` as
-users run it. First a 10,000-task drain measures what the replica drains; the producer then
-enqueues at --fraction of that (or --rate tasks/s), in a transaction every 100 ms: 89% plain
-no-ops, 10% that fail their first attempt (retried after 1 s), 1% that fail twice and
-dead-letter (max_attempts=2); a schedule fires every second. Dead letters older than two
-minutes are pruned every minute in batches (what the hourly retention does with its 7 days,
-at the soak's time scale), so the table's size is the live work's.
+users run it. First a 10,000-task drain (--calibrate) measures what the replica drains;
+the producer then enqueues at --fraction of that (or --rate tasks/s), in a transaction
+every 100 ms: 89% plain no-ops, 10% that fail their first attempt (retried after 1 s), 1%
+that fail twice and dead-letter (max_attempts=2); a schedule fires every second. Dead
+letters older than two minutes are pruned every minute in batches (what the hourly
+retention does with its 7 days, at the soak's time scale), so the table's size is the live
+work's.
 
 Every minute: tasks finished per second (rows deleted, less the pruned dead letters), start
 latency p50/p99 of first attempts (handler start minus the producer's clock), the queue
@@ -136,6 +137,7 @@ def main() -> int:
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--rate", type=float, default=None)
     parser.add_argument("--fraction", type=float, default=0.7)
+    parser.add_argument("--calibrate", type=int, default=10_000, help="tasks in the first drain")
     parser.add_argument("--hold-at", type=float, default=None)
     parser.add_argument("--hold-minutes", type=float, default=10)
     parser.add_argument("--minute", type=float, default=60.0, help="seconds per sample")
@@ -188,7 +190,7 @@ def main() -> int:
             rate = args.rate
             say(f"producing {rate:,.0f} tasks/s (--rate) at {args.slots} slots")
         else:
-            measured = drain_rate(conn)
+            measured = drain_rate(conn, args.calibrate)
             rate = measured * args.fraction
             say(
                 f"drain rate {measured:,.0f} tasks/s at {args.slots} slots;"
