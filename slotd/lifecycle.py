@@ -41,6 +41,13 @@ nothing, and is told so (`lost`).
   deploy is never what kills a task; a second release on a final attempt dead-letters it.
   A claim released before its handler started (it met the shutdown on its way in) gets its
   attempt back whatever it was: nothing ran, so nothing was interrupted.
+- dead letters: the statement that makes a row dead writes why (dead_reason: 'exhausted' by
+  the last attempt's failure or a second final release, 'cancelled' by an operator; sql/021)
+  and the attempts it really ran (dead_attempts). Being dead is still attempt_count >=
+  max_attempts in this release, so a cancel raises the count to the threshold as 0.1.0 did
+  (its replicas claim by that comparison); readers show dead_attempts, never the raise. A
+  row whose final lease lapsed with nobody left to settle it carries no reason: readers
+  infer 'exhausted' (or 'cancelled' from its cancel stamp). `slotd dead retry` clears both.
 - handed over: a slot that dies holding a lease leaves it, with its last words (the
   attempt's outcome if the handler had ended), in its ledger; the supervisor settles it by
   those words, through the same `settle`, on its chores thread (`handed_over`).

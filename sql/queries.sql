@@ -44,6 +44,32 @@ coalesce(t.key, t.started_key)
 -- ever ran has no attempt). Retention and the listing measure from here.
 coalesce(t.cancelled_at, t.last_attempted_at)
 
+-- fragment: attempts_made
+-- The attempts a task really ran. A dead letter's count as it stopped (sql/021): every
+-- terminal state but exhaustion raises attempt_count to the threshold for this release (0.1.0
+-- replicas tell dead from live by that comparison), so readers show dead_attempts instead.
+CASE WHEN t.attempt_count >= t.max_attempts THEN coalesce(t.dead_attempts, t.attempt_count)
+     ELSE t.attempt_count END
+
+-- fragment: dead_reason
+-- Why a dead letter stopped: exhausted, cancelled, expired, parent_failed (sql/021). A row
+-- made dead by a 0.1.0 replica, or by a lease that lapsed on its final attempt with nobody
+-- left to settle it, carries none: its cancel stamp tells the two apart.
+CASE WHEN t.attempt_count >= t.max_attempts
+     THEN coalesce(t.dead_reason, CASE WHEN t.cancelled_at IS NOT NULL THEN 'cancelled'
+                                       ELSE 'exhausted' END) END
+
+-- fragment: exhausted_reason
+-- What an attempt's settlement writes as dead_reason (the attempt count is the claim's, not
+-- changed by the settlement): live rows carry none, a cancelled attempt keeps its cancel's,
+-- and an attempt that was the last makes the row 'exhausted'.
+CASE WHEN t.attempt_count < t.max_attempts THEN NULL
+     WHEN t.cancelled_at IS NOT NULL THEN 'cancelled' ELSE 'exhausted' END
+
+-- fragment: exhausted_attempts
+CASE WHEN t.attempt_count < t.max_attempts THEN NULL
+     WHEN t.cancelled_at IS NOT NULL THEN t.dead_attempts ELSE t.attempt_count END
+
 -- predicate: retryable
 -- Pending work: below the attempt threshold (due or not, leased or not). The gauges, the
 -- status command and the dashboard count it by this one definition.
@@ -392,6 +418,8 @@ WITH backoff AS (
 ), failed AS (
     UPDATE slotd_tasks t
     SET last_error = CASE WHEN t.cancelled_at IS NULL THEN %(error)s ELSE t.last_error END,
+        dead_reason = {exhausted_reason},
+        dead_attempts = {exhausted_attempts},
         run_at = b.run_at,
         order_at = b.run_at - {head_start},
         lease_token = NULL,
@@ -439,6 +467,11 @@ LEFT JOIN LATERAL (SELECT pg_notify('slotd_wake', '')) n ON c.retryable
 (%(refund_final)s::bool AND t.attempt_count >= t.max_attempts AND t.cancelled_at IS NULL
  AND NOT t.final_attempt_refunded)
 
+-- predicate: refunds_unstarted
+-- A release of a claim whose handler never started, of a task not cancelled meanwhile: a
+-- cancelled row keeps the threshold its cancel raised it to, or the refund would revive it.
+(%(unstarted)s::bool AND t.cancelled_at IS NULL)
+
 -- name: release
 -- A rollout does not refund the attempt (an interruption costs one, or a task always
 -- mid-flight at rollout would never dead-letter), with one bounded exception: a release that
@@ -447,19 +480,24 @@ LEFT JOIN LATERAL (SELECT pg_notify('slotd_wake', '')) n ON c.retryable
 -- release dead-letters it, and the reason is stamped then, else the dead letter would carry
 -- no explanation. refund_final: only a shutdown's release (not the test clock's lapse).
 -- unstarted: the claim met the shutdown before its handler started: its attempt is given
--- back, whatever it was, since nothing ran. A released row is due at once, so the release wakes a slot (here or on
--- another replica) in the same transaction instead of leaving the work to the next tick.
+-- back, whatever it was, since nothing ran (unless it was cancelled meanwhile). A released
+-- row is due at once, so the release wakes a slot (here or on another replica) in the same
+-- transaction instead of leaving the work to the next tick.
 WITH released AS (
     UPDATE slotd_tasks t
     SET lease_token = NULL,
         lease_expires_at = NULL,
-        attempt_count = CASE WHEN %(unstarted)s::bool THEN greatest(t.attempt_count - 1, 0)
+        attempt_count = CASE WHEN {refunds_unstarted} THEN greatest(t.attempt_count - 1, 0)
                              WHEN {refunds_final} THEN t.max_attempts - 1
                              ELSE t.attempt_count END,
         final_attempt_refunded = t.final_attempt_refunded OR {refunds_final},
         last_error = CASE WHEN t.attempt_count >= t.max_attempts AND t.cancelled_at IS NULL
-                               AND NOT {refunds_final} AND NOT %(unstarted)s::bool
-                          THEN %(reason)s ELSE t.last_error END
+                               AND NOT {refunds_final} AND NOT {refunds_unstarted}
+                          THEN %(reason)s ELSE t.last_error END,
+        dead_reason = CASE WHEN {refunds_final} OR {refunds_unstarted} THEN NULL
+                           ELSE {exhausted_reason} END,
+        dead_attempts = CASE WHEN {refunds_final} OR {refunds_unstarted} THEN NULL
+                             ELSE {exhausted_attempts} END
     WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
     RETURNING t.id, t.attempt_count < t.max_attempts AS retryable
 )
@@ -519,8 +557,9 @@ SELECT 'oldest_due', NULL, coalesce(extract(epoch FROM now() - (
     ORDER BY first.order_at, first.id LIMIT 1))::float8, 0)
 
 -- name: dead_list
-SELECT t.id, t.task_type, {task_key} AS key, t.payload, t.attempt_count, t.last_error,
-       t.last_attempted_at, t.created_at, t.cancelled_at
+SELECT t.id, t.task_type, {task_key} AS key, t.payload, {attempts_made} AS attempt_count,
+       t.last_error, t.last_attempted_at, t.created_at, t.cancelled_at,
+       {dead_reason} AS dead_reason
 FROM slotd_tasks t
 WHERE {dead} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
   AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
@@ -555,6 +594,7 @@ WITH candidates AS MATERIALIZED (
 UPDATE slotd_tasks t
 SET attempt_count = 0, run_at = now(), order_at = now() - {head_start},
     lease_token = NULL, lease_expires_at = NULL, cancelled_at = NULL,
+    dead_reason = NULL, dead_attempts = NULL,
     final_attempt_refunded = false  -- a fresh start: a rollout may give one back again
 FROM chosen
 WHERE t.id = chosen.id
@@ -755,6 +795,8 @@ WITH target AS (
 ), cancelled AS (
     UPDATE slotd_tasks t
     SET attempt_count = greatest(t.attempt_count, t.max_attempts),
+        dead_reason = 'cancelled',
+        dead_attempts = t.attempt_count,
         cancelled_at = now(),
         last_error = format('cancelled by %%s at %%s %%s', %(by)s::text,
             to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
@@ -914,7 +956,7 @@ ON CONFLICT (minute, task_type, outcome) DO UPDATE SET count = o.count + exclude
 -- Every row under a lease (a live one, or one whose holder vanished and which the next
 -- claim will take over), with its deadline and, once its replica has heartbeated since the
 -- claim, the replica and slot holding it.
-SELECT t.id, t.task_type, {task_key} AS key, t.attempt_count, t.max_attempts,
+SELECT t.id, t.task_type, {task_key} AS key, {attempts_made} AS attempt_count, t.max_attempts,
        t.last_attempted_at AS started_at, t.lease_expires_at,
        t.lease_expires_at - make_interval(secs => %(margin_s)s) AS deadline,
        {lease_live} AS lease_live, now() AS db_now, t.cancelled_at IS NOT NULL AS cancelled,
@@ -931,10 +973,10 @@ LIMIT %(limit)s
 
 -- name: dash_task
 -- One task, with the replica and slot holding its lease as its replica last said.
-SELECT t.id, t.task_type, {task_key} AS key, t.payload, t.run_at, t.attempt_count,
-       t.max_attempts, t.lease_token IS NOT NULL AS leased, t.lease_expires_at, t.last_error,
-       t.last_attempted_at, t.created_at, now() AS db_now, t.cancelled_at,
-       {dead} AS dead, {running} AS running, {claimable} AS due,
+SELECT t.id, t.task_type, {task_key} AS key, t.payload, t.run_at,
+       {attempts_made} AS attempt_count, t.max_attempts, t.lease_token IS NOT NULL AS leased,
+       t.lease_expires_at, t.last_error, t.last_attempted_at, t.created_at, now() AS db_now,
+       t.cancelled_at, {dead_reason} AS dead_reason, {dead} AS dead, {running} AS running, {claimable} AS due,
        h.hostname, h.pid, h.slot
 FROM slotd_tasks t
 LEFT JOIN LATERAL (
@@ -975,7 +1017,9 @@ SELECT to_jsonb(s) FROM slotd_schedules s ORDER BY 1 LIMIT %(limit)s
 -- reason or last error), else its stored result until keep_result runs out.
 SELECT CASE WHEN {lease_live} THEN 'running'
             WHEN t.attempt_count < t.max_attempts THEN 'pending'
-            WHEN t.cancelled_at IS NOT NULL THEN 'cancelled'
+            -- a dependant stopped by its parent's failure was cancelled, not failed
+            WHEN {dead_reason} IN ('cancelled', 'parent_failed') THEN 'cancelled'
+            WHEN {dead_reason} = 'expired' THEN 'expired'
             ELSE 'failed' END AS state,
        NULL::jsonb AS value,
        CASE WHEN {dead} THEN t.last_error END AS error

@@ -46,15 +46,16 @@ FROM (
 -- per-type twin, sql/010), by keyset, never an OFFSET (which reads and throws away every
 -- row before the page). A dead letter that never stopped (no attempt, no cancel) sorts
 -- last, as NULLS LAST puts it; the second branch pages through those by id.
-(SELECT t.id, t.task_type, {task_key} AS key, t.attempt_count, t.last_attempted_at, t.cancelled_at,
+(SELECT t.id, t.task_type, {task_key} AS key, {attempts_made} AS attempt_count,
+        t.last_attempted_at, t.cancelled_at, {dead_reason} AS dead_reason,
         {retired_at} AS retired_at, {error_line} AS error_line
  FROM slotd_tasks t
  WHERE {dead} AND {dead_search} AND {dead_after}
  ORDER BY {retired_at} DESC NULLS LAST, t.id DESC
  LIMIT %(limit)s)
 UNION ALL
-(SELECT t.id, t.task_type, {task_key} AS key, t.attempt_count, t.last_attempted_at, t.cancelled_at,
-        NULL::timestamptz, {error_line}
+(SELECT t.id, t.task_type, {task_key} AS key, {attempts_made}, t.last_attempted_at,
+        t.cancelled_at, {dead_reason}, NULL::timestamptz, {error_line}
  FROM slotd_tasks t
  WHERE {dead} AND {dead_search} AND {retired_at} IS NULL
    AND (%(after_id)s::bigint IS NULL OR %(after_at)s::timestamptz IS NOT NULL
@@ -69,7 +70,8 @@ LIMIT %(limit)s
 -- error text, so the search walks the listing's index for a bounded stretch and says
 -- where it stopped (the last row, window_end), from where the next search goes on.
 WITH scanned AS (
-    SELECT t.id, t.task_type, {task_key} AS key, t.attempt_count, t.last_attempted_at, t.cancelled_at,
+    SELECT t.id, t.task_type, {task_key} AS key, {attempts_made} AS attempt_count,
+           t.last_attempted_at, t.cancelled_at, {dead_reason} AS dead_reason,
            {retired_at} AS retired_at, {error_line} AS error_line
     FROM slotd_tasks t
     WHERE {dead} AND {dead_search} AND {dead_after}

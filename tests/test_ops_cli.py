@@ -216,7 +216,7 @@ def test_dead_list(cli: Any, conn: psycopg.Connection[Any]) -> None:
 
     table = cli("dead", "list", "--limit", "1")
     assert table.exit_code == 0
-    assert table.stdout.splitlines()[0].split()[:3] == ["ID", "TYPE", "ATTEMPTS"]
+    assert table.stdout.splitlines()[0].split()[:4] == ["ID", "TYPE", "REASON", "ATTEMPTS"]
     assert str(second) in table.stdout and "(1 of 2; --limit shows more)" in table.stdout
 
     missing = cli("dead", "list", "--id", "999999")

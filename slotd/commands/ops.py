@@ -342,6 +342,7 @@ def dead_list(
             (
                 r["id"],
                 r["task_type"],
+                r["dead_reason"],
                 r["attempt_count"],
                 r["last_attempted_at"].isoformat(timespec="seconds")
                 if r["last_attempted_at"]
@@ -351,7 +352,9 @@ def dead_list(
             )
             for r in rows
         ]
-        click.echo(_table(("ID", "TYPE", "ATTEMPTS", "LAST ATTEMPT", "KEY", "LAST ERROR"), table))
+        click.echo(
+            _table(("ID", "TYPE", "REASON", "ATTEMPTS", "LAST ATTEMPT", "KEY", "LAST ERROR"), table)
+        )
         if total > len(rows):
             click.echo(f"({len(rows)} of {total}; --limit shows more)")
     else:
