@@ -21,6 +21,9 @@ class Candidates:
         self.batch: list[int] = []
         self.per_claim = discovery_batch
         self.limit = discovery_batch * slots
+        # Seconds until a full rate window has room, from the last discovery (None: none
+        # full): when a claim finds nothing, the next wake (slotd.wake.Tokens.retry_in).
+        self.retry_in: float | None = None
 
     def next_claim(
         self, repo: Repository, registry: Registry, report: Callable[..., Any]
@@ -66,8 +69,13 @@ class Candidates:
 
     def _discover(self, repo: Repository, registry: Registry, on_primary: bool) -> list[int]:
         self.batch = repo.discover(
-            registry.types, self.limit, registry.concurrency_limits, on_primary=on_primary
+            registry.types,
+            self.limit,
+            registry.concurrency_limits,
+            on_primary=on_primary,
+            rates=registry.rates,
         )
+        self.retry_in = repo.rate_wait_s
         return self.batch
 
     def _claim(self, repo: Repository, registry: Registry) -> Claimed | None:

@@ -34,7 +34,11 @@ def prune(
             pruned = repo.prune_results_batch(batch=batch)
             total += pruned
             if pruned < batch:
-                return total, None
+                break
+        # Rate windows with no start left in them (not counted: they are not tasks).
+        while repo.prune_rate_windows_batch(batch=batch) >= batch:
+            pass
+        return total, None
     except Exception as exc:
         return total, exc
 

@@ -253,6 +253,35 @@ class _FleetCollector(Collector):
         for task_type in sorted(flags):
             paused.add_metric([task_type], flags[task_type])
         yield paused
+        yield from _rate_families(values.get("rates") or {})
+
+
+# Rate windows (sql/022) as the gauges read them: name, help, the field of each type's
+# window (slotd.repository's gauges()["rates"]).
+RATE_GAUGES = (
+    ("slotd_task_rate_starts", "Starts of the task type in its current rate window", "used"),
+    ("slotd_task_rate_allowed", "Starts the task type's rate allows per window", "allowed"),
+    ("slotd_task_rate_window_seconds", "The length of the task type's rate window", "window_s"),
+    (
+        "slotd_task_rate_next_free_seconds",
+        "Seconds until the task type's rate window has room for a start (0: now)",
+        "free_s",
+    ),
+    (
+        "slotd_task_rate_groups_full",
+        "Groups of the task type whose rate_per_group window is full right now",
+        "groups_full",
+    ),
+)
+
+
+def _rate_families(rates: dict[str, dict[str, float]]) -> Iterator[Metric]:
+    for name, help_text, field in RATE_GAUGES:
+        family = GaugeMetricFamily(name, help_text, labels=["task_type"])
+        for task_type in sorted(rates):
+            if field in rates[task_type]:
+                family.add_metric([task_type], rates[task_type][field])
+        yield family
 
 
 class Metrics:

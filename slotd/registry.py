@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from slotd.task import Context, Task
 
 HandlerFn = Callable[["Task", "Context"], Any]
+# rate=(N, window): at most N starts in any window of that length.
+Rate = tuple[int, timedelta]
 TYPE_NAME = re.compile(r"^[a-z][a-z0-9_.:-]{0,127}$")
 
 
@@ -56,6 +58,9 @@ class Handler:
     chain: Chain | None = field(default=None, compare=False, repr=False)
     # Store the JSON return value of a success for this long (slotd.result); None: dropped.
     keep_result: timedelta | None = None
+    # Fleet-wide: at most N starts of the type (of one group) in any window of this length.
+    rate: Rate | None = None
+    rate_per_group: Rate | None = None
 
     def limits(self) -> tuple[int | None, float | None, float | None]:
         """As plain numbers, for the runner's hello to its slot."""
@@ -66,6 +71,10 @@ class Handler:
         """Under a concurrency limit (max_running or max_running_per_group)."""
         return self.max_running is not None or self.max_running_per_group is not None
 
+    @property
+    def rated(self) -> bool:
+        return self.rate is not None or self.rate_per_group is not None
+
 
 def _seconds(value: timedelta | None) -> float | None:
     return None if value is None else value.total_seconds()
@@ -75,6 +84,26 @@ def _positive(value: object, what: str) -> timedelta | None:
     if value is not None and (not isinstance(value, timedelta) or value <= timedelta(0)):
         raise ValueError(f"{what} must be a positive timedelta, not {value!r}")
     return value
+
+
+def _rate(name: str, option: str, value: object) -> Rate | None:
+    """(N, window): N a whole number of at least 1, the window a positive timedelta."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, tuple)
+        or len(value) != 2
+        or isinstance(value[0], bool)
+        or not isinstance(value[0], int)
+        or value[0] < 1
+        or not isinstance(value[1], timedelta)
+        or value[1] <= timedelta(0)
+    ):
+        raise ValueError(
+            f"task type {name!r}: {option} must be (N, window): N starts, a whole number of "
+            f"at least 1, per window, a positive timedelta; not {value!r}"
+        )
+    return (value[0], value[1])
 
 
 def _limit(name: str, option: str, value: object) -> int | None:
@@ -110,11 +139,15 @@ class Registry:
         max_running: int | None = None,
         max_running_per_group: int | None = None,
         keep_result: timedelta | None = None,
+        rate: Rate | None = None,
+        rate_per_group: Rate | None = None,
     ) -> HandlerFn:
         """`max_attempts`, `backoff_base`, `backoff_cap` override the worker's settings for
         this type; the worker that claims a task stamps its threshold on the row.
         `max_running` / `max_running_per_group`: fleet-wide concurrency limits.
-        `keep_result`: store each success's JSON return value this long (slotd.result)."""
+        `keep_result`: store each success's JSON return value this long (slotd.result).
+        `rate` / `rate_per_group`: (N, window), at most N starts of the type (of the type
+        and one group) in any window of that length, fleet-wide."""
         validate_type_name(name)
         if name in self._handlers:
             raise ValueError(f"task type {name!r} is already registered")
@@ -141,6 +174,8 @@ class Registry:
             _limit(name, "max_running_per_group", max_running_per_group),
             self._chain,
             keep_result,
+            _rate(name, "rate", rate),
+            _rate(name, "rate_per_group", rate_per_group),
         )
         return fn
 
@@ -179,6 +214,8 @@ class Registry:
         max_running: int | None = None,
         max_running_per_group: int | None = None,
         keep_result: timedelta | None = None,
+        rate: Rate | None = None,
+        rate_per_group: Rate | None = None,
     ) -> Callable[[HandlerFn], HandlerFn]:
         def decorate(fn: HandlerFn) -> HandlerFn:
             return self.register(
@@ -191,6 +228,8 @@ class Registry:
                 max_running=max_running,
                 max_running_per_group=max_running_per_group,
                 keep_result=keep_result,
+                rate=rate,
+                rate_per_group=rate_per_group,
             )
 
         return decorate
@@ -275,6 +314,16 @@ class Registry:
     def concurrency_limits(self) -> dict[str, tuple[int | None, int | None]]:
         """(max_running, max_running_per_group) of the limited types only."""
         return {h.name: (h.max_running, h.max_running_per_group) for h in self if h.limited}
+
+    @property
+    def rates(self) -> dict[str, tuple[Rate | None, Rate | None]]:
+        """(rate, rate_per_group) of the rated types only."""
+        return {h.name: (h.rate, h.rate_per_group) for h in self if h.rated}
+
+    @property
+    def claim_locked(self) -> list[str]:
+        """The types whose claims take the limit lock (claim_lock): limited or rated."""
+        return sorted(h.name for h in self if h.limited or h.rated)
 
 
 def load_registry(spec: str) -> Registry:

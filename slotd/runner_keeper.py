@@ -235,13 +235,13 @@ class RunnerKeeper:
             self.log.error("runner did not start within %ss", BOOT_TIMEOUT)
             return None
         try:
-            _, types, ceilings, limits, concurrency = handle.conn.recv()
+            _, types, ceilings, limits, concurrency, rates = handle.conn.recv()
         except (EOFError, OSError):
             status = handle.stop()
             self.log.error("runner failed to start: %s", proc.describe_status(status))
             return None
         if fresh_code:
-            self.registry = _registry_view(types, ceilings, limits, concurrency)
+            self.registry = _registry_view(types, ceilings, limits, concurrency, rates)
         return handle
 
 
@@ -250,9 +250,11 @@ def _registry_view(
     ceilings: list[float],
     limits: list[tuple[Any, ...]],
     concurrency: dict[str, tuple[int | None, int | None]],
+    rates: dict[str, tuple[Any, Any]],
 ) -> Registry:
     """What the runner (possibly with new code) can run, with each type's ceiling and
-    limits: the claim's type list, its concurrency limits and the settlement's backoff."""
+    limits: the claim's type list, its concurrency limits and rates, and the settlement's
+    backoff."""
 
     def span(seconds: float | None) -> timedelta | None:
         return None if seconds is None else timedelta(seconds=seconds)
@@ -260,6 +262,7 @@ def _registry_view(
     view = Registry()
     for name, ceiling, (attempts, base, cap) in zip(types, ceilings, limits, strict=True):
         most, per_group = concurrency.get(name, (None, None))
+        rate, rate_per_group = rates.get(name, (None, None))
         view.register(
             name,
             _unreachable,
@@ -269,6 +272,8 @@ def _registry_view(
             backoff_cap=span(cap),
             max_running=most,
             max_running_per_group=per_group,
+            rate=rate,
+            rate_per_group=rate_per_group,
         )
     return view
 

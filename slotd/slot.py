@@ -234,7 +234,7 @@ class Slot:
                     continue
                 if claimed is None:
                     awake = False
-                    self._report("empty")
+                    self._report("empty", self.candidates.retry_in)
                     continue
                 self.bell.holding = claimed
                 lifecycle.claimed(self.spec.ledger, claimed)  # before the message: see there

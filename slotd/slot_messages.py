@@ -74,6 +74,8 @@ class SlotMessages:
             elif kind == "empty":
                 if (metrics := self._metrics()) is not None:
                     metrics.record_empty_claim()
+                if len(message) > 1 and message[1] is not None:  # a rate window is full
+                    self._tokens.retry_in(message[1])
             elif kind == "read_miss":
                 if (metrics := self._metrics()) is not None:
                     metrics.record_read_lane_miss()

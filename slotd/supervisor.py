@@ -131,6 +131,8 @@ class Supervisor:
                 if now >= next_tick:
                     self.tokens.offer(remember=False)
                     next_tick = now + self.settings.poll_interval.total_seconds()
+                if self.tokens.retry_due(now):  # a full rate window has room again
+                    self.tokens.offer(remember=False)
                 if now >= next_heartbeat:
                     self._heartbeat()
                     next_heartbeat = now + self.settings.heartbeat_interval.total_seconds()
@@ -147,6 +149,8 @@ class Supervisor:
                 sdnotify.notify("WATCHDOG=1")
                 next_watchdog = now + watchdog_every
             timers = [next_tick, next_heartbeat, *self.pool.respawn_at.values()]
+            if self.tokens.retry_at is not None:
+                timers.append(self.tokens.retry_at)
             if self.listener.due(float("inf"), chores) and not self.stopping:
                 timers.append(self.listener.retry_at)
             if self.listener.selftest_deadline is not None:

@@ -7,7 +7,12 @@ turns into at most one discovery later, not one per notification."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+
+# A rate window's end, as the database computed it, plus this: a wake a hair early would
+# find the window still full and only schedule another.
+RETRY_SLACK = 0.005
 
 
 class Tokens:
@@ -15,6 +20,10 @@ class Tokens:
         self._send = send
         self._idle: list[int] = []  # most recently idle last: it is the warmest
         self.pending = False
+        # When a full rate window has room again (monotonic), if a slot found nothing for
+        # that reason: no notification announces it, so the supervisor's loop offers a
+        # token then (see retry_due).
+        self.retry_at: float | None = None
 
     @property
     def idle(self) -> list[int]:
@@ -29,6 +38,18 @@ class Tokens:
         if remember:
             self.pending = True
         return False
+
+    def retry_in(self, seconds: float) -> None:
+        at = time.monotonic() + max(0.0, seconds) + RETRY_SLACK
+        if self.retry_at is None or at < self.retry_at:
+            self.retry_at = at
+
+    def retry_due(self, now: float) -> bool:
+        """Whether a rate window's end has come: the caller offers a token (once)."""
+        if self.retry_at is None or now < self.retry_at:
+            return False
+        self.retry_at = None
+        return True
 
     def slot_idle(self, number: int) -> None:
         if number in self._idle:

@@ -121,17 +121,66 @@ CASE WHEN t.attempt_count < t.max_attempts THEN NULL
        END)
  END)
 
--- predicate: type_not_full
--- Types at their max_running, counted once per statement (a hashed SubPlan, as for
--- paused types): a row of a full type is passed over by one hash probe instead of a count
--- of its type's leases per row. within_limits still decides the rest (groups, the claim).
-(t.task_type NOT IN (
+-- predicate: type_open
+-- Served types a claim may start now (s.task_type, one row per served type): not paused,
+-- not at their max_running, their rate window not full (sql/022). Decided once per type,
+-- before its rows are read: a closed type's backlog costs the discovery nothing per row (a
+-- filter on each row still walked every row of a full type to the end of its due range,
+-- since none could pass). Each list is an uncorrelated sub-select, a hashed SubPlan read
+-- once per statement.
+(s.task_type NOT IN (SELECT p.task_type FROM slotd_paused_types p WHERE {pause_active})
+ AND s.task_type NOT IN (
     SELECT lt.task_type
     FROM unnest(%(limited)s::text[], %(max_running)s::int[]) AS lt(task_type, max_running)
     WHERE lt.max_running IS NOT NULL
       AND (SELECT count(*) FROM slotd_tasks l
            WHERE l.task_type = lt.task_type AND l.lease_token IS NOT NULL
-             AND l.lease_expires_at > now()) >= lt.max_running))
+             AND l.lease_expires_at > now()) >= lt.max_running)
+ AND s.task_type NOT IN (
+    SELECT w.task_type FROM slotd_rate_windows w
+    WHERE w.free_at > now() AND NOT w.per_group
+      AND (%(rate_n)s::int[])[array_position(%(rated)s::text[], w.task_type)] IS NOT NULL))
+
+-- predicate: group_rate_open
+-- The row's group has room in its rate window, as discovery sees it (the claim decides,
+-- exactly: within_rates). One hash probe per row of a grouped, rated type.
+(t.task_group IS NULL OR (t.task_type, t.task_group) NOT IN (
+    SELECT w.task_type, w.task_group FROM slotd_rate_windows w
+    WHERE w.free_at > now() AND w.per_group
+      AND (%(group_rate_n)s::int[])[array_position(%(rated)s::text[], w.task_type)]
+          IS NOT NULL))
+
+-- predicate: within_rates
+-- Rates (sql/022): the start N places back in the type's window (and in its group's) is at
+-- least the window's length old, or there is none: then this start keeps every window of
+-- that length at N starts or fewer. Exact, by the database's clock read after the limit
+-- lock (clock_timestamp(): now() is the transaction's start, before the lock wait, and
+-- would let a claim that waited stamp its start before the one it waited for). rated /
+-- rate_n / rate_s / group_rate_n / group_rate_s are parallel arrays from the registry; an
+-- unrated type is one array_position miss. Race-safe only under claim_lock, like
+-- within_limits.
+(array_position(%(rated)s::text[], t.task_type) IS NULL
+ OR (NOT EXISTS (
+        SELECT 1 FROM slotd_rate_windows w
+        JOIN slotd_rate_starts rs
+          ON rs.task_type = w.task_type AND rs.per_group = w.per_group
+         AND rs.task_group = w.task_group
+         AND rs.seq = w.last_seq + 1
+                      - (%(rate_n)s::int[])[array_position(%(rated)s::text[], t.task_type)]
+        WHERE w.task_type = t.task_type AND NOT w.per_group AND w.task_group = ''
+          AND rs.started_at > clock_timestamp() - make_interval(secs =>
+                (%(rate_s)s::float8[])[array_position(%(rated)s::text[], t.task_type)]))
+     AND (t.task_group IS NULL OR NOT EXISTS (
+        SELECT 1 FROM slotd_rate_windows w
+        JOIN slotd_rate_starts rs
+          ON rs.task_type = w.task_type AND rs.per_group = w.per_group
+         AND rs.task_group = w.task_group
+         AND rs.seq = w.last_seq + 1
+                      - (%(group_rate_n)s::int[])[array_position(%(rated)s::text[], t.task_type)]
+        WHERE w.task_type = t.task_type AND w.per_group AND w.task_group = t.task_group
+          AND rs.started_at > clock_timestamp() - make_interval(secs =>
+                (%(group_rate_s)s::float8[])[array_position(%(rated)s::text[], t.task_type)])
+     ))))
 
 -- name: bound
 -- SET LOCAL semantics, so the bound holds behind a transaction-mode pooler too.
@@ -271,22 +320,32 @@ FOR SHARE OF t
 -- name: discover
 -- In ordering-key order. Rows their own type's or group's limit holds back are passed over
 -- here (a read, no attempt burnt), so a head of blocked rows never hides the work behind it.
--- Index-driven per served type (slotd_tasks_order_by_type, sql/011): each type's first
+-- Index-driven per served type (slotd_tasks_order_by_type, sql/011): each open type's first
 -- claimable rows by one range scan, then merged by the ordering key, so rows of types this
--- replica does not serve are never read (an ordered scan over all types walked past them).
+-- replica does not serve, and of types closed right now (type_open), are never read.
 -- The key (order_at, id) appears inside and outside the LATERAL. DISTINCT: a type listed
 -- twice still yields its rows once. tests/test_repository.py pins the plan.
-SELECT d.id, d.task_type
-FROM (SELECT DISTINCT s.task_type FROM unnest(%(types)s::text[]) AS s(task_type)) served
-CROSS JOIN LATERAL (
-    SELECT t.id, t.task_type, t.order_at FROM slotd_tasks t
-    WHERE t.task_type = served.task_type AND {claimable} AND {in_order_window}
-      AND {type_not_full} AND {within_limits}
-    ORDER BY t.order_at, t.id
-    LIMIT %(limit)s
-) d
-ORDER BY d.order_at, d.id
-LIMIT %(limit)s
+-- After the candidates (id NULL): per served type whose rate window (or one of its groups')
+-- is full, in how many seconds it has room again, the slot's next wake when it found
+-- nothing (slotd.wake): a rate's end is not announced by any notification.
+(SELECT d.id, d.task_type, NULL::float8 AS wait_s
+ FROM (SELECT DISTINCT s.task_type FROM unnest(%(types)s::text[]) AS s(task_type)
+       WHERE {type_open}) served
+ CROSS JOIN LATERAL (
+     SELECT t.id, t.task_type, t.order_at FROM slotd_tasks t
+     WHERE t.task_type = served.task_type AND {claimable} AND {in_order_window}
+       AND {within_limits} AND {group_rate_open}
+     ORDER BY t.order_at, t.id
+     LIMIT %(limit)s
+ ) d
+ ORDER BY d.order_at, d.id
+ LIMIT %(limit)s)
+UNION ALL
+SELECT NULL, w.task_type, extract(epoch FROM min(w.free_at) - now())::float8
+FROM slotd_rate_windows w
+WHERE w.free_at > now() AND w.task_type = ANY(%(rated)s::text[])
+  AND w.task_type = ANY(%(types)s::text[])
+GROUP BY w.task_type
 
 -- fragment: claim_ctes
 -- MATERIALIZED, not a FROM-subquery: a subquery may be rescanned once per outer tuple of a
@@ -302,11 +361,11 @@ LIMIT %(limit)s
 -- key, then id), so slots that discovered the same rows each take the first one nobody else
 -- holds: SKIP LOCKED passes a row another claim is taking, the recheck one it has taken.
 picked AS MATERIALIZED (
-    SELECT l.id FROM unnest(%(ids)s::bigint[]) AS c(id)
+    SELECT l.id, l.task_type, l.task_group FROM unnest(%(ids)s::bigint[]) AS c(id)
     CROSS JOIN LATERAL (
-        SELECT t.id FROM slotd_tasks t
+        SELECT t.id, t.task_type, t.task_group FROM slotd_tasks t
         WHERE t.id = c.id AND {claimable}
-          AND t.task_type = ANY(%(types)s::text[]) AND {within_limits}
+          AND t.task_type = ANY(%(types)s::text[]) AND {within_limits} AND {within_rates}
         LIMIT 1
         FOR UPDATE OF t SKIP LOCKED
     ) l
@@ -336,6 +395,55 @@ picked AS MATERIALIZED (
     RETURNING t.id, t.task_type, t.payload, {task_key}, t.run_at, t.attempt_count,
               t.max_attempts, t.lease_token, t.lease_expires_at, now() AS claimed_at,
               t.trace_context
+)
+, rate_starts AS (
+    -- A rated type's start counts in its windows (sql/022, within_rates): the type's own
+    -- and its group's. Stamped here, in the statement that takes the lease, under the limit
+    -- lock: a committed lease always has its start counted, and starts are stamped in the
+    -- order they happen. Unrated types make no row here and write nothing below.
+    SELECT p.task_type, b.per_group, b.task_group, b.allowed, b.window_s,
+           clock_timestamp() AS at
+    FROM picked p
+    CROSS JOIN LATERAL (SELECT array_position(%(rated)s::text[], p.task_type) AS i) r
+    CROSS JOIN LATERAL (VALUES
+        (false, '', (%(rate_n)s::int[])[r.i], (%(rate_s)s::float8[])[r.i]),
+        (true, p.task_group, (%(group_rate_n)s::int[])[r.i], (%(group_rate_s)s::float8[])[r.i])
+    ) AS b(per_group, task_group, allowed, window_s)
+    WHERE r.i IS NOT NULL AND b.allowed IS NOT NULL AND b.task_group IS NOT NULL
+      AND EXISTS (SELECT 1 FROM claimed)
+), rate_windows AS (
+    -- The window moves on by one start; free_at: when the next start may come (the start
+    -- N - 1 places back from this one, plus the window), for discovery and `slotd status`.
+    INSERT INTO slotd_rate_windows AS w
+        (task_type, per_group, task_group, last_seq, last_start_at, allowed, window_s, free_at)
+    SELECT r.task_type, r.per_group, r.task_group, 1, r.at, r.allowed, r.window_s,
+           r.at + CASE WHEN r.allowed = 1 THEN make_interval(secs => r.window_s)
+                       ELSE interval '0' END
+    FROM rate_starts r
+    ON CONFLICT (task_type, per_group, task_group) DO UPDATE
+    SET last_seq = w.last_seq + 1,
+        last_start_at = excluded.last_start_at,
+        allowed = excluded.allowed,
+        window_s = excluded.window_s,
+        free_at = CASE WHEN excluded.allowed = 1 THEN excluded.free_at
+                  ELSE coalesce((SELECT rs.started_at FROM slotd_rate_starts rs
+                                 WHERE rs.task_type = w.task_type
+                                   AND rs.per_group = w.per_group
+                                   AND rs.task_group = w.task_group
+                                   AND rs.seq = w.last_seq + 2 - excluded.allowed)
+                                + make_interval(secs => excluded.window_s),
+                                excluded.last_start_at) END
+    RETURNING w.task_type, w.per_group, w.task_group, w.last_seq, w.last_start_at, w.allowed
+), rate_counted AS (
+    INSERT INTO slotd_rate_starts (task_type, per_group, task_group, seq, started_at)
+    SELECT m.task_type, m.per_group, m.task_group, m.last_seq, m.last_start_at
+    FROM rate_windows m
+), rate_dropped AS (
+    -- The start that fell out of the last N: no claim looks it up again.
+    DELETE FROM slotd_rate_starts rs
+    USING rate_windows m
+    WHERE rs.task_type = m.task_type AND rs.per_group = m.per_group
+      AND rs.task_group = m.task_group AND rs.seq <= m.last_seq - m.allowed
 )
 
 -- name: claim_lock
@@ -521,6 +629,27 @@ RECURSIVE live_types(task_type) AS (
     FROM live_types l WHERE l.task_type IS NOT NULL
 )
 
+-- fragment: rate_rows
+-- Rates (sql/022), each type's own window, for the gauges, `slotd status` and the dashboard: starts in it now (at most `allowed` rows read),
+-- the limit the last start was made under, seconds until the next start may come (0: now).
+-- Per group: how many groups' windows are full right now. A few rows, from the windows.
+SELECT k.kind, w.task_type, k.value
+FROM slotd_rate_windows w
+CROSS JOIN LATERAL (VALUES
+    ('rate_used', (SELECT count(*) FROM slotd_rate_starts rs
+                   WHERE rs.task_type = w.task_type AND NOT rs.per_group
+                     AND rs.task_group = ''
+                     AND rs.started_at > now() - make_interval(secs => w.window_s))::float8),
+    ('rate_allowed', w.allowed::float8),
+    ('rate_window_s', w.window_s),
+    ('rate_free_s', greatest(extract(epoch FROM w.free_at - now())::float8, 0))
+) AS k(kind, value)
+WHERE NOT w.per_group
+UNION ALL
+SELECT 'rate_groups_full', w.task_type, count(*)
+FROM slotd_rate_windows w WHERE w.per_group AND w.free_at > now()
+GROUP BY w.task_type
+
 -- name: gauges
 -- One round trip for every fleet gauge; each branch is driven by its own partial index.
 WITH {live_types}
@@ -540,6 +669,8 @@ FROM slotd_tasks t WHERE {dead} GROUP BY t.task_type
 UNION ALL
 SELECT 'paused', p.task_type, 1 FROM slotd_paused_types p WHERE {pause_active}
 UNION ALL
+{rate_rows}
+UNION ALL
 SELECT 'oldest_due', NULL, coalesce(extract(epoch FROM now() - (
     -- The wait of the task that runs next: exact without priorities; with them it may
     -- read up to 200 x the step less than the longest wait (see README, Priorities).
@@ -554,6 +685,9 @@ SELECT 'oldest_due', NULL, coalesce(extract(epoch FROM now() - (
         ORDER BY t.order_at, t.id LIMIT 1
     ) first
     WHERE l.task_type IS NOT NULL
+      -- Nor is work of a type whose rate window is full: it waits on its own rate.
+      AND l.task_type NOT IN (SELECT w.task_type FROM slotd_rate_windows w
+                              WHERE NOT w.per_group AND w.free_at > now())
     ORDER BY first.order_at, first.id LIMIT 1))::float8, 0)
 
 -- name: dead_list
@@ -932,6 +1066,31 @@ SELECT ty.task_type,
         ORDER BY t.run_at LIMIT 1) AS oldest_waiting_s
 FROM unnest(%(types)s::text[]) AS ty(task_type)
 ORDER BY ty.task_type
+
+-- name: rate_windows_prune
+-- The retention chore: windows whose last start left the window a minute ago or more (a
+-- group seen once, a type no longer started) go, with their starts, a batch at a time. A
+-- claim racing the delete either updated the window first (the delete re-checks the row
+-- it waited for and keeps it) or finds it gone and starts the window again at seq 1: the
+-- deleted starts were all outside any window, so "none" is what they said anyway.
+WITH gone AS (
+    DELETE FROM slotd_rate_windows w
+    WHERE (w.task_type, w.per_group, w.task_group) IN (
+        SELECT x.task_type, x.per_group, x.task_group FROM slotd_rate_windows x
+        WHERE x.last_start_at < now() - make_interval(secs => x.window_s) - interval '1 minute'
+        LIMIT %(batch)s)
+      AND w.last_start_at < now() - make_interval(secs => w.window_s) - interval '1 minute'
+    RETURNING w.task_type, w.per_group, w.task_group
+), starts_gone AS (
+    DELETE FROM slotd_rate_starts rs
+    USING gone g
+    WHERE rs.task_type = g.task_type AND rs.per_group = g.per_group
+      AND rs.task_group = g.task_group
+)
+SELECT count(*) FROM gone
+
+-- name: dash_rates
+{rate_rows}
 
 -- name: dash_outcomes
 -- The last hour of attempts by minute and outcome (slotd_outcomes: at most 120 minutes).

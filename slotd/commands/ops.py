@@ -135,6 +135,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
                 for t, (most, per_group) in limits.items()
             },
             "oldest_due_by_type": by_type,
+            "rates": gauges["rates"],
             "replicas": replicas,
             "slots": sum(r["slots"] for r in replicas),
             "outcomes": recent.as_json(),
@@ -157,6 +158,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         click.echo("no tasks")
     click.echo(f"oldest due: {_ago(gauges['oldest_due_seconds']) or '0s'}")
     _echo_outcomes(recent)
+    _echo_rates(gauges["rates"])
     if paused:
         # Their due work is left out of the oldest-due figure: it waits on purpose.
         rows = [
@@ -187,6 +189,31 @@ def status(ctx: click.Context, as_json: bool) -> None:
         ]
         table = _table(("HOST", "PID", "VERSION", "SLOTS", "SEEN", "TYPES"), rows)
         click.echo("\n".join("  " + line for line in table.splitlines()))
+
+
+def _span(seconds: float) -> str:
+    """A rate's window or wait: tenths below a minute (a 2 s window's wait is 0.4 s)."""
+    return f"{round(seconds, 1):g}s" if seconds < 60 else str(_ago(seconds))
+
+
+def _echo_rates(rates: dict[str, dict[str, float]]) -> None:
+    """Each rated type's window as the database has it: starts used / allowed in its own
+    window, when the next start may come, and how many groups' windows are full."""
+    if not rates:
+        return
+    rows = []
+    for task_type in sorted(rates):
+        r = rates[task_type]
+        if "allowed" in r:
+            window = f"{int(r['used'])}/{int(r['allowed'])} per {_span(r['window_s'])}"
+            free = "now" if r["free_s"] <= 0 else f"in {_span(r['free_s'])}"
+        else:
+            window, free = "-", "-"
+        full = int(r.get("groups_full", 0))
+        rows.append((task_type, window, free, full))
+    click.echo("rates:")
+    table = _table(("TYPE", "STARTS", "NEXT START", "GROUPS FULL"), rows)
+    click.echo("\n".join("  " + line for line in table.splitlines()))
 
 
 def _echo_outcomes(recent: Any) -> None:

@@ -29,12 +29,18 @@ class OperatorControl(Lanes):
             "oldest_due_seconds": 0.0,
         }
         params = {"lead_s": self.lead_s, **limit_params(limits or {})}
+        rates: dict[str, dict[str, float]] = {}
         for kind, task_type, value in self.read.execute(_sql("gauges"), params).fetchall():
             if kind == "oldest_due":
                 out["oldest_due_seconds"] = float(value or 0.0)
+            elif kind.startswith("rate_"):
+                rates.setdefault(task_type, {})[kind[5:]] = float(value)
             else:
                 bucket = out[kind]
                 bucket[task_type] = bucket.get(task_type, 0) + int(value)
+        # Rate windows (sql/022), per type: used / allowed starts in its own window now,
+        # window_s, free_s (seconds until the next start may come, 0: now), groups_full.
+        out["rates"] = rates
         return out
 
     def dead_list(
@@ -100,6 +106,12 @@ class OperatorControl(Lanes):
             total += pruned
             if pruned < batch:
                 return total
+
+    def prune_rate_windows_batch(self, batch: int = 5000) -> int:
+        """Rate windows (sql/022) with no start left in them: a group seen once, a type no
+        longer started. Returns how many windows went (of at most `batch`)."""
+        _, rows = self._write("rate_windows_prune", {"batch": batch})
+        return int(rows[0][0])
 
     # ops
 

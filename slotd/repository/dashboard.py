@@ -18,7 +18,7 @@ class DashboardReads:
     by a cap or a limit; the counts use the gauges' predicates."""
 
     COUNT_CAP = 10_000
-    OPTIONAL_TABLES = ("slotd_schedules", "slotd_queue_history")
+    OPTIONAL_TABLES = ("slotd_schedules", "slotd_queue_history", "slotd_rate_windows")
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
@@ -93,6 +93,13 @@ class DashboardReads:
         """An optional capability's table, whatever its columns (only OPTIONAL_TABLES)."""
         name = {"slotd_schedules": "dash_schedules"}[table]
         return [row[0] for row in self.conn.execute(_sql(name), {"limit": limit})]
+
+    def rates(self) -> dict[str, dict[str, float]]:
+        """Each rated type's window, as the gauges read it (see OperatorControl.gauges)."""
+        out: dict[str, dict[str, float]] = {}
+        for kind, task_type, value in self.conn.execute(_sql("dash_rates")):
+            out.setdefault(task_type, {})[kind[5:]] = float(value)
+        return out
 
     def paused(self) -> list[dict[str, Any]]:
         """The types paused now (`slotd pause`), as `slotd status` lists them."""

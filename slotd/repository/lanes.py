@@ -40,6 +40,9 @@ class Lanes:
         # The type of every candidate of the last discovery: a claim locks the limits of
         # the limited types among its candidates only, so unlimited work never waits.
         self._candidate_types: dict[int, str] = {}
+        # Seconds until a full rate window of a served type has room again, from the last
+        # discovery (None: none full): the slot's next wake when it found nothing.
+        self.rate_wait_s: float | None = None
         self.synchronous_commit = synchronous_commit
         self._claim_arrays: tuple[Registry, list[str], dict[str, Any]] | None = None
         self.read = read or write

@@ -11,7 +11,7 @@ from typing import Any
 
 from slotd.errors import LeaseLost
 from slotd.payload import encode
-from slotd.registry import Registry
+from slotd.registry import Rate, Registry
 from slotd.repository.lanes import Lanes
 from slotd.repository.named import _sql
 from slotd.task import Task
@@ -81,17 +81,33 @@ def storable(text: str, limit: int = ERROR_LIMIT) -> str:
 
 
 Limits = Mapping[str, tuple[int | None, int | None]]
+Rates = Mapping[str, tuple[Rate | None, Rate | None]]
 
 
-def limit_params(limits: Limits) -> dict[str, Any]:
-    """The within_limits predicate's parallel arrays; empty for an unlimited registry."""
+def limit_params(limits: Limits, rates: Rates | None = None) -> dict[str, Any]:
+    """The within_limits and within_rates predicates' parallel arrays; empty for an
+    unlimited registry."""
     names = sorted(limits)
+    rated = sorted(rates or {})
+
+    def count(rate: Rate | None) -> int | None:
+        return None if rate is None else rate[0]
+
+    def seconds(rate: Rate | None) -> float | None:
+        return None if rate is None else rate[1].total_seconds()
+
+    per_type = [(rates or {})[n] for n in rated]
     return {
         "limited": names,
         "max_running": [limits[n][0] for n in names],
         "max_per_group": [limits[n][1] for n in names],
         "settling": None,
         "settling_token": None,
+        "rated": rated,
+        "rate_n": [count(r) for r, _ in per_type],
+        "rate_s": [seconds(r) for r, _ in per_type],
+        "group_rate_n": [count(g) for _, g in per_type],
+        "group_rate_s": [seconds(g) for _, g in per_type],
     }
 
 
@@ -125,20 +141,26 @@ class QueueProtocol(Lanes):
         limit: int = 20,
         limits: Limits | None = None,
         on_primary: bool = False,
+        rates: Rates | None = None,
     ) -> list[int]:
         """Candidate ids in delivery order (ordering key, then id), passing over rows that
-        their type's or group's limit holds back right now; from the read lane, or from the
-        primary after a read-lane discovery whose candidates were all gone there."""
+        their type's or group's limit or rate holds back right now; from the read lane, or
+        from the primary after a read-lane discovery whose candidates were all gone there.
+        `rate_wait_s` is then the seconds until a full rate window of a served type has
+        room again (None: none is full)."""
         params = {
             "types": list(types),
             "limit": limit,
             "lead_s": self.lead_s,
-            **limit_params(limits or {}),
+            **limit_params(limits or {}, rates),
         }
         conn = self.write if on_primary else self.read
         rows = conn.execute(_sql("discover"), params).fetchall()
-        self._candidate_types = {task_id: task_type for task_id, task_type in rows}
-        return [row[0] for row in rows]
+        waits = [wait for task_id, _, wait in rows if task_id is None]
+        self.rate_wait_s = min(waits) if waits else None
+        found = [(task_id, task_type) for task_id, task_type, _ in rows if task_id is not None]
+        self._candidate_types = dict(found)
+        return [task_id for task_id, _ in found]
 
     def _claim_params(self, ids: Sequence[int], registry: Registry) -> dict[str, Any]:
         # Arrays go as array literals (text the statement casts): psycopg's list adaptation
@@ -152,7 +174,7 @@ class QueueProtocol(Lanes):
                 "types": types,
                 "ceilings_s": registry.ceilings_seconds,
                 "max_attempts": registry.max_attempts(self.max_attempts),
-                **limit_params(registry.concurrency_limits),
+                **limit_params(registry.concurrency_limits, registry.rates),
             }
             literals = {k: v if v is None else array_literal(v) for k, v in arrays.items()}
             cached = self._claim_arrays = (registry, types, literals)
@@ -164,15 +186,15 @@ class QueueProtocol(Lanes):
         }
 
     def _lock_types(self, ids: Sequence[int], registry: Registry) -> list[str]:
-        """The limited types this claim may pick: those among the candidates when the last
-        discovery found them all, else (ids from elsewhere) every limited type served."""
-        limited = registry.concurrency_limits
+        """The limited or rated types this claim may pick: those among the candidates when
+        the last discovery found them all, else (ids from elsewhere) every such type served."""
+        limited = registry.claim_locked
         if not limited:
             return []
         known = self._candidate_types
         if all(task_id in known for task_id in ids):
-            return sorted({known[i] for i in ids} & limited.keys())
-        return sorted(limited)
+            return sorted({known[i] for i in ids} & set(limited))
+        return limited
 
     def claim(self, ids: Sequence[int], registry: Registry) -> Claimed | None:
         if not ids:

@@ -21,6 +21,7 @@ def overview(reads: DashboardReads) -> dict[str, Any]:
     served = {t for r in replicas for t in r["task_types"]}
     paused = _paused_types(reads)
     limits = _limits(replicas)
+    rates = _rates(reads) if "slotd_rate_windows" in reads.tables() else {}
     slots = sum(r["slots"] for r in replicas)
     busy = sum(len(r["leases"] or {}) for r in replicas)
     rows = []
@@ -34,6 +35,7 @@ def overview(reads: DashboardReads) -> dict[str, Any]:
                 "unserved": bool(has_work) and row["task_type"] not in served,
                 "paused": paused.get(row["task_type"]),
                 "limit": limits.get(row["task_type"]),
+                "rate": rates.get(row["task_type"]),
                 "starved": waiting is not None and waiting >= STARVED_S,
             }
         )
@@ -54,6 +56,7 @@ def overview(reads: DashboardReads) -> dict[str, Any]:
         "alarm": _alarm(history.recent_outcomes(reads.conn)),
         "paused_known": bool(paused),
         "limits_known": bool(limits),
+        "rates_known": bool(rates),
     }
 
 
@@ -101,6 +104,26 @@ def _limits(replicas: list[dict[str, Any]]) -> dict[str, str]:
                 f"{per_group} per group" if per_group else "",
             ]
             out.setdefault(task_type, ", ".join(p for p in parts if p))
+    return out
+
+
+def _tenths(seconds: float) -> str:
+    # A 2 s window's next start is 0.4 s away, not "0s".
+    return f"{round(seconds, 1):g}s" if seconds < 60 else duration(seconds)
+
+
+def _rates(reads: DashboardReads) -> dict[str, str]:
+    """Each rated type's current window: "2/4 per 2s, next start in 0.4s; 3 groups full"."""
+    out: dict[str, str] = {}
+    for task_type, r in reads.rates().items():
+        parts = []
+        if "allowed" in r:
+            free = "now" if r["free_s"] <= 0 else f"in {_tenths(r['free_s'])}"
+            window = f"{int(r['used'])}/{int(r['allowed'])} per {_tenths(r['window_s'])}"
+            parts.append(f"{window}, next start {free}")
+        if r.get("groups_full"):
+            parts.append(f"{int(r['groups_full'])} groups full")
+        out[task_type] = "; ".join(parts)
     return out
 
 
