@@ -117,6 +117,31 @@ def priority_step() -> timedelta:
     return _duration("SLOTD_PRIORITY_STEP", "1s")
 
 
+DEFAULT_SCHEMA = "public"
+# A schema name as slotd accepts it: a plain lower-case identifier (quoted where used all
+# the same, so a reserved word works). At most 48 bytes so that every channel name made
+# from it (`slotd_control.<schema>`) stays inside PostgreSQL's 63-byte identifiers;
+# `pg_` is reserved by PostgreSQL for its own schemas.
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,47}")
+
+
+def validate_schema(name: object, *, source: str = "SLOTD_SCHEMA") -> str:
+    """The schema name, or ConfigError (one line; the CLI exits 2)."""
+    if not isinstance(name, str) or not _SCHEMA_NAME.fullmatch(name) or name.startswith("pg_"):
+        raise ConfigError(
+            f"bad {source} {name!r}: use a lower-case identifier (letters, digits, _; "
+            "at most 48 characters, not starting with a digit or pg_)"
+        )
+    return name
+
+
+def default_schema() -> str:
+    """SLOTD_SCHEMA as every process reads it (the daemon, a command, a producer that
+    names none), else public."""
+    raw = (os.environ.get("SLOTD_SCHEMA") or "").strip()
+    return validate_schema(raw) if raw else DEFAULT_SCHEMA
+
+
 DEFAULT_KILL_GRACE = timedelta(seconds=5)
 
 
@@ -173,6 +198,9 @@ class Settings:
     # A priority point is this much head start. Stamped by the producer at enqueue; a
     # worker uses its own only to bound its scans (keep it the same fleet-wide).
     priority_step: timedelta = timedelta(seconds=1)
+    # SLOTD_SCHEMA: where every object of slotd lives; each statement names it.
+    # Settings() too: every process reads it the same way (a test mode, a command).
+    schema: str = field(default_factory=lambda: default_schema())
     metrics_addr: str = "127.0.0.1:9464"
     home: str | None = None
     log_format: str = "text"
@@ -205,6 +233,7 @@ class Settings:
             lock_timeout=_duration("SLOTD_LOCK_TIMEOUT", "5s"),
             synchronous_commit=_on_off("SLOTD_SYNCHRONOUS_COMMIT", True),
             priority_step=priority_step(),
+            schema=default_schema(),
             metrics_addr=_env("SLOTD_METRICS_ADDR") or "127.0.0.1:9464",
             home=_env("SLOTD_HOME"),
             log_format=(_env("SLOTD_LOG_FORMAT") or "text"),
@@ -238,6 +267,7 @@ class Settings:
         return replace(self, **{k: v for k, v in changes.items() if v is not None}).validated()
 
     def validated(self) -> Settings:
+        validate_schema(self.schema)
         if self.prepare not in ("auto", "on", "off"):
             raise ConfigError(f"bad SLOTD_PREPARE {self.prepare!r}: use auto, on or off")
         if self.log_format not in ("text", "json"):

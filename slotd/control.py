@@ -35,7 +35,9 @@ def operator() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def cancel(conn: Executor, task_id: int, *, by: str | None = None) -> bool:
+def cancel(
+    conn: Executor, task_id: int, *, by: str | None = None, schema: str | None = None
+) -> bool:
     """Cancel one task. A pending one never runs; a running one is stopped by the replica
     holding it (ctx.cancelled, then the kill after the kill grace) and settled `cancelled`.
     Either way it is never retried and stays listed by `slotd dead list` until retention.
@@ -43,7 +45,7 @@ def cancel(conn: Executor, task_id: int, *, by: str | None = None) -> bool:
     if isinstance(task_id, bool) or not isinstance(task_id, int):
         raise TypeError(f"task_id must be an int, not {type(task_id).__name__}")
     who = by or operator()
-    done = repository.cancel_tasks(conn, ids=[task_id], by=who, batch=1)
+    done = repository.cancel_tasks(conn, ids=[task_id], by=who, batch=1, schema=schema)
     for task in done:
         log.info(
             "cancelled task %s#%s%s by %s",
@@ -65,6 +67,7 @@ def cancel_matching(
     by: str | None = None,
     batch: int = CANCEL_BATCH,
     first: Callable[[psycopg.Connection[Any]], Any] | None = None,
+    schema: str | None = None,
 ) -> list[CancelledTask]:
     """Cancel every live task with these ids, or of this type (and key), for an operator's
     command (`slotd cancel`, the dashboard): on an autocommit connection, in batches that
@@ -88,6 +91,7 @@ def cancel_matching(
                 key=key,
                 by=who,
                 batch=len(ids) if ids else batch,
+                schema=schema,
             )
         done += found
         if ids or len(found) < batch:
@@ -111,13 +115,14 @@ def pause(
     until: datetime | timedelta | None = None,
     *,
     by: str | None = None,
+    schema: str | None = None,
 ) -> None:
     """Stop claims of `task_type` on every replica, until resumed or until `until` (a
     moment, or a duration from now). Running tasks of the type finish normally."""
     validate_type_name(task_type)
     at, for_seconds = _until(until)
     who = by or operator()
-    repository.pause_type(conn, task_type, by=who, until=at, for_seconds=for_seconds)
+    repository.pause_type(conn, task_type, by=who, until=at, for_seconds=for_seconds, schema=schema)
     log.info(
         "paused task type %s%s by %s",
         task_type,
@@ -127,11 +132,13 @@ def pause(
     )
 
 
-def resume(conn: Executor, task_type: str, *, by: str | None = None) -> bool:
+def resume(
+    conn: Executor, task_type: str, *, by: str | None = None, schema: str | None = None
+) -> bool:
     """Let claims of `task_type` go on; True when it was paused."""
     validate_type_name(task_type)
     who = by or operator()
-    was = repository.resume_type(conn, task_type, by=who)
+    was = repository.resume_type(conn, task_type, by=who, schema=schema)
     if was:
         log.info("resumed task type %s by %s", task_type, who, extra={"task_type": task_type})
     return bool(was)

@@ -11,22 +11,23 @@ from typing import Any
 from slotd import integrations, repository, upgrades
 from slotd.config import max_attempts_from_env, max_attempts_value, priority_step
 from slotd.repository import NewTask
+from slotd.repository.named import resolve_schema
 from slotd.targets import async_target, sync_target
 
 # Eager mode (slotd.testing) swaps this for a function that also runs the handler inline;
 # everything else goes straight to the repository. It gets the psycopg connection or
 # cursor the rows were written on.
 _hook: Any = None
-_held: list[tuple[Any, list[int]]] | None = None
+_held: list[tuple[Any, list[int], str]] | None = None
 
 
-def _announce(target: Any, ids: list[int]) -> None:
+def _announce(target: Any, ids: list[int], schema: str) -> None:
     if _hook is None:
         return
     if _held is not None:
-        _held.append((target, ids))
+        _held.append((target, ids, schema))
     else:
-        _hook(target, ids)
+        _hook(target, ids, schema)
 
 
 @contextmanager
@@ -41,8 +42,8 @@ def hooks_held() -> Iterator[None]:
         held = _held
     finally:
         _held = outer
-    for target, ids in held:
-        _announce(target, ids)
+    for target, ids, schema in held:
+        _announce(target, ids, schema)
 
 
 def _attempts(max_attempts: int | None) -> dict[str, Any]:
@@ -71,9 +72,12 @@ def enqueue_many(
     *,
     max_attempts: int | None = None,
     unique: str = "live",
+    schema: str | None = None,
 ) -> list[int]:
     """Write tasks in the caller's transaction; slotd never commits it. The wake is sent by
     the same statement, so it reaches the workers only if the transaction commits.
+
+    `schema`: the queue's schema (None: SLOTD_SCHEMA, else public).
 
     `conn`: a psycopg Connection or Cursor, or a SQLAlchemy Session or Connection on the
     psycopg driver (the rows join the session's transaction: its commit commits them).
@@ -81,6 +85,7 @@ def enqueue_many(
     `unique` (for keyed items; a NewTask's own `unique` wins): "live" dedupes against a
     pending or running task with the key, "pending" only against one not started yet."""
     target = sync_target(conn, "slotd.enqueue_many")
+    schema = resolve_schema(schema)
     rows = _rows(items)
     with upgrades.migrated(), _sending(rows) as send:
         ids = repository.enqueue_many(
@@ -90,10 +95,11 @@ def enqueue_many(
             priority_step=priority_step(),
             trace=send.context if send else None,
             unique=unique,
+            schema=schema,
         )
         if send:
             send.sent(ids)
-    _announce(target, ids)
+    _announce(target, ids, schema)
     return ids
 
 
@@ -108,6 +114,7 @@ def enqueue(
     priority: int = 0,
     group: str | None = None,
     unique: str = "live",
+    schema: str | None = None,
 ) -> int:
     """Write one task and return its id, or the id of the live row with the same key
     (unique="pending": of the row with the key that has not started; a running one lets
@@ -115,7 +122,7 @@ def enqueue(
     priority x SLOTD_PRIORITY_STEP; `group` is what max_running_per_group counts."""
     target = sync_target(conn, "slotd.enqueue")
     new = NewTask(task_type, payload, delay, key, priority, group, unique)
-    return enqueue_many(target, [new], max_attempts=max_attempts)[0]
+    return enqueue_many(target, [new], max_attempts=max_attempts, schema=schema)[0]
 
 
 async def enqueue_many_async(
@@ -124,10 +131,12 @@ async def enqueue_many_async(
     *,
     max_attempts: int | None = None,
     unique: str = "live",
+    schema: str | None = None,
 ) -> list[int]:
     """enqueue_many from asyncio: a psycopg AsyncConnection or AsyncCursor, or a SQLAlchemy
     AsyncSession or AsyncConnection on the psycopg driver. Same statement, same rules."""
     target = await async_target(conn, "slotd.enqueue_many_async")
+    schema = resolve_schema(schema)
     rows = _rows(items)
     with upgrades.migrated(), _sending(rows) as send:
         ids = await repository.enqueue_many_async(
@@ -137,10 +146,11 @@ async def enqueue_many_async(
             priority_step=priority_step(),
             trace=send.context if send else None,
             unique=unique,
+            schema=schema,
         )
         if send:
             send.sent(ids)
-    _announce(target, ids)
+    _announce(target, ids, schema)
     return ids
 
 
@@ -155,8 +165,10 @@ async def enqueue_async(
     priority: int = 0,
     group: str | None = None,
     unique: str = "live",
+    schema: str | None = None,
 ) -> int:
     """enqueue from asyncio; see enqueue_many_async."""
     target = await async_target(conn, "slotd.enqueue_async")
     new = NewTask(task_type, payload, delay, key, priority, group, unique)
-    return (await enqueue_many_async(target, [new], max_attempts=max_attempts))[0]
+    many = enqueue_many_async(target, [new], max_attempts=max_attempts, schema=schema)
+    return (await many)[0]

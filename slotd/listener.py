@@ -18,6 +18,7 @@ import psycopg
 from slotd import db, repository
 from slotd.chores import Chores, Done
 from slotd.config import Settings, format_duration
+from slotd.repository.named import channel
 
 log = logging.getLogger("slotd.supervisor")
 
@@ -48,15 +49,15 @@ class Listener:
 
     def open(self, chores: Chores, *, first: bool) -> None:
         """Open the LISTEN connection on the chores thread; `opened` takes it over."""
-        url, prepare = self.url, self.settings.prepare
+        url, prepare, schema = self.url, self.settings.prepare, self.settings.schema
 
         def job() -> psycopg.Connection[Any]:
             conn = db.connect(url, role="slotd listen", prepare=prepare)
             try:
-                repository.listen(conn)
-                repository.listen_control(conn)
+                repository.listen(conn, schema=schema)
+                repository.listen_control(conn, schema=schema)
                 if first:  # pauses made before we listened are told nowhere else
-                    _log_pauses(repository.paused_types(conn))
+                    _log_pauses(repository.paused_types(conn, schema=schema))
             except BaseException:
                 conn.close()
                 raise
@@ -90,7 +91,7 @@ class Listener:
         """Read what arrived; True when a notification says there may be work."""
         conn = self.conn
         assert conn is not None
-        control = repository.CONTROL_CHANNEL.encode()
+        control = channel(repository.CONTROL_CHANNEL, self.settings.schema).encode()
         try:
             conn.pgconn.consume_input()
             woken = False
@@ -133,7 +134,11 @@ class Listener:
         pooler it never arrives, and the replica would otherwise wait silently for ticks."""
         payload = self.selftest_payload
         self.selftest_seen = False
-        chores.post("selftest", lambda: repository.notify_selftest(chores.repo().write, payload))
+        schema = self.settings.schema
+        chores.post(
+            "selftest",
+            lambda: repository.notify_selftest(chores.repo().write, payload, schema=schema),
+        )
 
     def selftest_sent(self, done: Done) -> None:
         if done.error is not None:

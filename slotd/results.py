@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 
 from slotd.repository import results as store
+from slotd.repository.named import channel, resolve_schema
 from slotd.targets import async_target, sync_target
 
 STATES = ("pending", "running", "succeeded", "failed", "cancelled", "expired")
@@ -45,15 +46,17 @@ def _answer(row: store.Row | None) -> TaskResult | None:
     return None if row is None else TaskResult(*row)
 
 
-def result(conn: Any, task_id: int) -> TaskResult | None:
+def result(conn: Any, task_id: int, *, schema: str | None = None) -> TaskResult | None:
     """The task's state now; None when there never was such a task or it is gone (a
-    success without keep_result, a result past it, a dead letter past retention)."""
-    return _answer(store.result_of(sync_target(conn, "slotd.result"), int(task_id)))
+    success without keep_result, a result past it, a dead letter past retention).
+    `schema`: the queue's (None: SLOTD_SCHEMA, else public)."""
+    target = sync_target(conn, "slotd.result")
+    return _answer(store.result_of(target, int(task_id), schema=schema))
 
 
-async def result_async(conn: Any, task_id: int) -> TaskResult | None:
+async def result_async(conn: Any, task_id: int, *, schema: str | None = None) -> TaskResult | None:
     target = await async_target(conn, "slotd.result_async")
-    return _answer(await store.result_of_async(target, int(task_id)))
+    return _answer(await store.result_of_async(target, int(task_id), schema=schema))
 
 
 def _listen_url(listen_url: str | None) -> str | None:
@@ -68,54 +71,68 @@ def _own_session(conn: Any) -> bool:
 
 
 def wait_result(
-    conn: Any, task_id: int, timeout: float = 30.0, *, listen_url: str | None = None
+    conn: Any,
+    task_id: int,
+    timeout: float = 30.0,
+    *,
+    listen_url: str | None = None,
+    schema: str | None = None,
 ) -> TaskResult | None:
     """Block until the task reaches a terminal state (succeeded, failed, cancelled,
     expired) and return its TaskResult; None when it is gone or never existed. Raises
     TimeoutError when `timeout` seconds pass first. See the module's note on connections."""
+    schema = resolve_schema(schema)
     target = sync_target(conn, "slotd.wait_result")
     base = target if isinstance(target, psycopg.Connection) else target.connection
     url = _listen_url(listen_url)
     if url is None and _own_session(base):
-        return _wait_on(base, int(task_id), timeout, own=True)
+        return _wait_on(base, int(task_id), timeout, own=True, schema=schema)
     if url is not None:
         dedicated = psycopg.connect(url, autocommit=True)
     else:
         dedicated = psycopg.connect(base.info.dsn, password=base.info.password, autocommit=True)
     with dedicated:
-        return _wait_on(dedicated, int(task_id), timeout, own=False)
+        return _wait_on(dedicated, int(task_id), timeout, own=False, schema=schema)
 
 
 def _wait_on(
-    conn: psycopg.Connection[Any], task_id: int, timeout: float, *, own: bool
+    conn: psycopg.Connection[Any], task_id: int, timeout: float, *, own: bool, schema: str
 ) -> TaskResult | None:
     until = time.monotonic() + timeout
-    store.listen_results(conn)  # before the first read: an end between the two is heard
+    # before the first read: an end between the two is heard
+    store.listen_results(conn, schema=schema)
+    results = channel(store.RESULT_CHANNEL, schema)
     try:
-        current = _answer(store.result_of(conn, task_id))
+        current = _answer(store.result_of(conn, task_id, schema=schema))
         while current is not None and not current.done:
             left = until - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"task {task_id} is still {current.state} after {timeout}s")
             for note in conn.notifies(timeout=left):
-                if note.channel == store.RESULT_CHANNEL and note.payload == str(task_id):
+                if note.channel == results and note.payload == str(task_id):
                     break
-            current = _answer(store.result_of(conn, task_id))
+            current = _answer(store.result_of(conn, task_id, schema=schema))
         return current
     finally:
         if own and not conn.closed:
-            store.listen_results(conn, on=False)
+            store.listen_results(conn, on=False, schema=schema)
 
 
 async def wait_result_async(
-    conn: Any, task_id: int, timeout: float = 30.0, *, listen_url: str | None = None
+    conn: Any,
+    task_id: int,
+    timeout: float = 30.0,
+    *,
+    listen_url: str | None = None,
+    schema: str | None = None,
 ) -> TaskResult | None:
     """wait_result for asyncio: the loop runs on meanwhile."""
+    schema = resolve_schema(schema)
     target = await async_target(conn, "slotd.wait_result_async")
     base = target if isinstance(target, psycopg.AsyncConnection) else target.connection
     url = _listen_url(listen_url)
     if url is None and _own_session(base):
-        return await _wait_on_async(base, int(task_id), timeout, own=True)
+        return await _wait_on_async(base, int(task_id), timeout, own=True, schema=schema)
     if url is not None:
         dedicated = await psycopg.AsyncConnection.connect(url, autocommit=True)
     else:
@@ -123,25 +140,26 @@ async def wait_result_async(
             base.info.dsn, password=base.info.password, autocommit=True
         )
     async with dedicated:
-        return await _wait_on_async(dedicated, int(task_id), timeout, own=False)
+        return await _wait_on_async(dedicated, int(task_id), timeout, own=False, schema=schema)
 
 
 async def _wait_on_async(
-    conn: psycopg.AsyncConnection[Any], task_id: int, timeout: float, *, own: bool
+    conn: psycopg.AsyncConnection[Any], task_id: int, timeout: float, *, own: bool, schema: str
 ) -> TaskResult | None:
     until = time.monotonic() + timeout
-    await store.listen_results_async(conn)
+    await store.listen_results_async(conn, schema=schema)
+    results = channel(store.RESULT_CHANNEL, schema)
     try:
-        current = _answer(await store.result_of_async(conn, task_id))
+        current = _answer(await store.result_of_async(conn, task_id, schema=schema))
         while current is not None and not current.done:
             left = until - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"task {task_id} is still {current.state} after {timeout}s")
             async for note in conn.notifies(timeout=left):
-                if note.channel == store.RESULT_CHANNEL and note.payload == str(task_id):
+                if note.channel == results and note.payload == str(task_id):
                     break
-            current = _answer(await store.result_of_async(conn, task_id))
+            current = _answer(await store.result_of_async(conn, task_id, schema=schema))
         return current
     finally:
         if own and not conn.closed:
-            await store.listen_results_async(conn, on=False)
+            await store.listen_results_async(conn, on=False, schema=schema)

@@ -796,6 +796,19 @@ RETURNING m.last_run_at
 -- to another server session.
 SELECT pg_advisory_xact_lock(hashtext('slotd.migrate'))
 
+-- name: migrate_schema_create
+-- A named SLOTD_SCHEMA (never public) is created by the migration that fills it, under
+-- migrate_lock: two hosts creating it at once would otherwise race on pg_namespace.
+CREATE SCHEMA IF NOT EXISTS slotd_schema_name
+
+-- name: migrate_search_path_set
+-- The migration transaction's search_path: the named schema alone (see migrate), and what
+-- it was, to put back.
+SELECT current_setting('search_path'), set_config('search_path', 'slotd_schema_name', true)
+
+-- name: migrate_search_path_reset
+SELECT set_config('search_path', %(was)s, true)
+
 -- name: migrate_init
 CREATE TABLE IF NOT EXISTS slotd_schema_migrations (
     version    integer     PRIMARY KEY,

@@ -30,7 +30,9 @@ class OperatorControl(Lanes):
         }
         params = {"lead_s": self.lead_s, **limit_params(limits or {})}
         rates: dict[str, dict[str, float]] = {}
-        for kind, task_type, value in self.read.execute(_sql("gauges"), params).fetchall():
+        for kind, task_type, value in self.read.execute(
+            _sql("gauges", self.schema), params
+        ).fetchall():
             if kind == "oldest_due":
                 out["oldest_due_seconds"] = float(value or 0.0)
             elif kind.startswith("rate_"):
@@ -59,7 +61,7 @@ class OperatorControl(Lanes):
             "key": key,
             "key_types": [task_type] if task_type else list(key_types),
         }
-        return _dicts(self.read.execute(_sql("dead_list"), params))
+        return _dicts(self.read.execute(_sql("dead_list", self.schema), params))
 
     def dead_count(
         self,
@@ -72,7 +74,7 @@ class OperatorControl(Lanes):
             "ids": list(ids) if ids else None,
             "older_than_s": older_than.total_seconds() if older_than else None,
         }
-        return int(self.read.execute(_sql("dead_count"), params).fetchone()[0])  # type: ignore[index]
+        return int(self.read.execute(_sql("dead_count", self.schema), params).fetchone()[0])  # type: ignore[index]
 
     def dead_retry_batch(
         self, task_type: str | None = None, ids: Sequence[int] | None = None, batch: int = 1000
@@ -118,13 +120,15 @@ class OperatorControl(Lanes):
     def oldest_due_by_type(self) -> dict[str, float]:
         """Seconds the oldest claimable task of each type has been due (types with none
         are absent)."""
-        rows = self.read.execute(_sql("oldest_due_by_type"), {"lead_s": self.lead_s}).fetchall()
+        rows = self.read.execute(
+            _sql("oldest_due_by_type", self.schema), {"lead_s": self.lead_s}
+        ).fetchall()
         return {task_type: float(seconds) for task_type, seconds in rows}
 
 
 # operator control: cancel, pause, resume (in the caller's transaction, like enqueue)
 
-CONTROL_CHANNEL = "slotd_control"
+CONTROL_CHANNEL = "slotd_control"  # public's; named schemas: named.channel
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,7 @@ def cancel_tasks(
     task_type: str | None = None,
     key: str | None = None,
     batch: int = 1000,
+    schema: str | None = None,
 ) -> list[CancelledTask]:
     """Cancel up to `batch` live tasks matching every filter given; returns those cancelled
     (a task that finished, is dead or was already cancelled is not among them)."""
@@ -152,7 +157,7 @@ def cancel_tasks(
         "by": by,
         "batch": batch,
     }
-    rows = target.execute(_sql("cancel"), params).fetchall()
+    rows = target.execute(_sql("cancel", schema), params).fetchall()
     return [CancelledTask(*row) for row in rows]
 
 
@@ -163,20 +168,23 @@ def pause_type(
     by: str,
     until: datetime | None = None,
     for_seconds: float | None = None,
+    schema: str | None = None,
 ) -> dict[str, Any]:
     params = {"task_type": task_type, "until": until, "for_s": for_seconds, "by": by}
-    cur = target.execute(_sql("pause"), params)
+    cur = target.execute(_sql("pause", schema), params)
     names = [col.name for col in cur.description or []]
     return dict(zip(names, cur.fetchone() or (), strict=True))
 
 
-def resume_type(target: Executor, task_type: str, *, by: str) -> bool | None:
+def resume_type(
+    target: Executor, task_type: str, *, by: str, schema: str | None = None
+) -> bool | None:
     """True: it was paused; False: its pause had already ended; None: it was never paused."""
-    row = target.execute(_sql("resume"), {"task_type": task_type, "by": by}).fetchone()
+    row = target.execute(_sql("resume", schema), {"task_type": task_type, "by": by}).fetchone()
     return None if row is None else bool(row[0])
 
 
-def paused_types(target: Executor) -> list[dict[str, Any]]:
-    cur = target.execute(_sql("paused_types"))
+def paused_types(target: Executor, *, schema: str | None = None) -> list[dict[str, Any]]:
+    cur = target.execute(_sql("paused_types", schema))
     names = [col.name for col in cur.description or []]
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]

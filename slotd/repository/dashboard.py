@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 
 from slotd.repository.control import OperatorControl, paused_types
-from slotd.repository.named import _dicts, _sql
+from slotd.repository.named import _dicts, _sql, qualified, resolve_schema
 from slotd.repository.schedules import Schedules
 
 
@@ -20,12 +20,13 @@ class DashboardReads:
     COUNT_CAP = 10_000
     OPTIONAL_TABLES = ("slotd_schedules", "slotd_queue_history", "slotd_rate_windows")
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], *, schema: str | None = None) -> None:
         self.conn = conn
+        self.schema = resolve_schema(schema)
 
     def replicas(self) -> list[dict[str, Any]]:
         # Without the prune of `replicas`: the dashboard may read from a hot standby.
-        return _dicts(self.conn.execute(_sql("dash_replicas")))
+        return _dicts(self.conn.execute(_sql("dash_replicas", self.schema)))
 
     def dead_list(
         self, task_type: str | None, *, limit: int, **search: Any
@@ -33,26 +34,28 @@ class DashboardReads:
         return OperatorControl(self.conn).dead_list(task_type, limit=limit, **search)
 
     def types(self, limit: int = 500) -> list[str]:
-        return [row[0] for row in self.conn.execute(_sql("dash_types"), {"limit": limit})]
+        return [
+            row[0] for row in self.conn.execute(_sql("dash_types", self.schema), {"limit": limit})
+        ]
 
     def counts(self, types: Sequence[str]) -> list[dict[str, Any]]:
         params = {"types": list(types), "cap": self.COUNT_CAP}
-        return _dicts(self.conn.execute(_sql("dash_counts"), params))
+        return _dicts(self.conn.execute(_sql("dash_counts", self.schema), params))
 
     def outcomes(self) -> list[dict[str, Any]]:
-        return _dicts(self.conn.execute(_sql("dash_outcomes")))
+        return _dicts(self.conn.execute(_sql("dash_outcomes", self.schema)))
 
     def running(self, lease_margin: timedelta, limit: int = 200) -> list[dict[str, Any]]:
         params = {"margin_s": lease_margin.total_seconds(), "limit": limit}
-        return _dicts(self.conn.execute(_sql("dash_running"), params))
+        return _dicts(self.conn.execute(_sql("dash_running", self.schema), params))
 
     def task(self, task_id: int) -> dict[str, Any] | None:
-        rows = _dicts(self.conn.execute(_sql("dash_task"), {"id": task_id}))
+        rows = _dicts(self.conn.execute(_sql("dash_task", self.schema), {"id": task_id}))
         return rows[0] if rows else None
 
     def dead_count(self, task_type: str | None) -> int:
         params = {"task_type": task_type, "cap": self.COUNT_CAP}
-        return int(self.conn.execute(_sql("dash_dead_count"), params).fetchone()[0])  # type: ignore[index]
+        return int(self.conn.execute(_sql("dash_dead_count", self.schema), params).fetchone()[0])  # type: ignore[index]
 
     def dead_page(
         self, search: Mapping[str, Any], after: tuple[Any, int] | None, limit: int
@@ -64,7 +67,7 @@ class DashboardReads:
         params.update(after_at=after[0] if after else None, after_id=after[1] if after else None)
         params["limit"] = limit
         name = "dash_dead_errors" if params.get("error") else "dash_dead_page"
-        return _dicts(self.conn.execute(_sql(name), params))
+        return _dicts(self.conn.execute(_sql(name, self.schema), params))
 
     def tasks_page(
         self, search: Mapping[str, Any], after: tuple[Any, int] | None, limit: int
@@ -73,34 +76,35 @@ class DashboardReads:
         params = {"task_type": None, "ids": None, "key": None, "key_types": [], **search}
         params.update(after_at=after[0] if after else None, after_id=after[1] if after else None)
         params["limit"] = limit
-        return _dicts(self.conn.execute(_sql("dash_tasks_page"), params))
+        return _dicts(self.conn.execute(_sql("dash_tasks_page", self.schema), params))
 
     def live_count(self, task_type: str, key: str | None) -> tuple[int, int]:
         """What `cancel --type T [--key K]` would cancel now: (live, running), capped."""
         params = {"task_type": task_type, "key": key, "cap": self.COUNT_CAP}
-        row = self.conn.execute(_sql("dash_live_count"), params).fetchone()
+        row = self.conn.execute(_sql("dash_live_count", self.schema), params).fetchone()
         return (int(row[0]), int(row[1])) if row else (0, 0)
 
     def tables(self) -> set[str]:
-        cur = self.conn.execute(_sql("dash_tables"), {"names": list(self.OPTIONAL_TABLES)})
-        return {row[0] for row in cur}
+        names = {qualified(t, self.schema): t for t in self.OPTIONAL_TABLES}
+        cur = self.conn.execute(_sql("dash_tables", self.schema), {"names": list(names)})
+        return {names[row[0]] for row in cur}
 
     def schedules(self) -> list[dict[str, Any]]:
         """`slotd schedules`' statement (one row per schedule, a handful)."""
-        return Schedules(self.conn).schedules_overview()
+        return Schedules(self.conn, schema=self.schema).schedules_overview()
 
     def rows_of(self, table: str, limit: int = 200) -> list[dict[str, Any]]:
         """An optional capability's table, whatever its columns (only OPTIONAL_TABLES)."""
         name = {"slotd_schedules": "dash_schedules"}[table]
-        return [row[0] for row in self.conn.execute(_sql(name), {"limit": limit})]
+        return [row[0] for row in self.conn.execute(_sql(name, self.schema), {"limit": limit})]
 
     def rates(self) -> dict[str, dict[str, float]]:
         """Each rated type's window, as the gauges read it (see OperatorControl.gauges)."""
         out: dict[str, dict[str, float]] = {}
-        for kind, task_type, value in self.conn.execute(_sql("dash_rates")):
+        for kind, task_type, value in self.conn.execute(_sql("dash_rates", self.schema)):
             out.setdefault(task_type, {})[kind[5:]] = float(value)
         return out
 
     def paused(self) -> list[dict[str, Any]]:
         """The types paused now (`slotd pause`), as `slotd status` lists them."""
-        return paused_types(self.conn)
+        return paused_types(self.conn, schema=self.schema)

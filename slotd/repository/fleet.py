@@ -61,7 +61,7 @@ class Fleet(Lanes):
         self._write("replica_gone", {"replica_id": replica_id})
 
     def replicas(self) -> list[dict[str, Any]]:
-        return _dicts(self.write.execute(_sql("replicas")))
+        return _dicts(self.write.execute(_sql("replicas", self.schema)))
 
 
 def _version() -> str:

@@ -24,12 +24,16 @@ def record_leases(repo: Lanes, replica_id: str, leases: Mapping[int, int]) -> No
     repo._write("replica_leases", {"replica_id": replica_id, "leases": payload})
 
 
-def recent_outcomes(target: Executor, minutes: int) -> list[tuple[str, str, int]]:
+def recent_outcomes(
+    target: Executor, minutes: int, *, schema: str | None = None
+) -> list[tuple[str, str, int]]:
     """(type, outcome, attempts) of the last `minutes` minutes."""
-    rows = target.execute(_sql("recent_outcomes"), {"minutes": minutes}).fetchall()
+    rows = target.execute(_sql("recent_outcomes", schema), {"minutes": minutes}).fetchall()
     return [(task_type, outcome, int(n)) for task_type, outcome, n in rows]
 
 
-def queue_history(target: Executor, hours: int) -> list[dict[str, Any]]:
+def queue_history(
+    target: Executor, hours: int, *, schema: str | None = None
+) -> list[dict[str, Any]]:
     """The last `hours` hours of backlog samples, oldest first."""
-    return _dicts(target.execute(_sql("dash_history"), {"hours": hours}))
+    return _dicts(target.execute(_sql("dash_history", schema), {"hours": hours}))

@@ -12,7 +12,7 @@ from typing import Any, Self
 import psycopg
 
 from slotd.registry import Registry
-from slotd.repository.named import _interval, _sql
+from slotd.repository.named import _interval, _sql, resolve_schema
 from slotd.repository.producing import PRIORITY_SPAN
 
 
@@ -34,8 +34,11 @@ class Lanes:
         lock_timeout: timedelta = timedelta(seconds=5),
         synchronous_commit: bool = True,
         priority_step: timedelta = timedelta(seconds=1),
+        schema: str | None = None,
     ) -> None:
         self.write = write
+        # Every statement of these lanes names this schema (None: SLOTD_SCHEMA, else public).
+        self.schema = resolve_schema(schema)
         self.lead_s = PRIORITY_SPAN * priority_step.total_seconds()
         # The type of every candidate of the last discovery: a claim locks the limits of
         # the limited types among its candidates only, so unlimited work never waits.
@@ -80,6 +83,7 @@ class Lanes:
             lock_timeout=settings.lock_timeout,
             synchronous_commit=settings.synchronous_commit,
             priority_step=settings.priority_step,
+            schema=getattr(settings, "schema", None),
         )
 
     def bind_session(self) -> None:
@@ -91,19 +95,19 @@ class Lanes:
         own SET LOCAL. The session is the connection's: a reconnect binds again."""
         conn = self.write
         name = "bind_session_async" if not self.synchronous_commit else "bind_session"
-        conn.execute(_sql(name), self._bounds)
+        conn.execute(_sql(name, self.schema), self._bounds)
         self.session_bound = True
         self._cursor = conn.cursor() if conn.autocommit else None
 
     @contextmanager
     def _bounded(self, lock_types: Sequence[str] = ()) -> Iterator[psycopg.Connection[Any]]:
         conn = self.write
-        bound = _sql("bound_async" if not self.synchronous_commit else "bound")
+        bound = _sql("bound_async" if not self.synchronous_commit else "bound", self.schema)
         if not conn.autocommit:  # a caller's transaction: a savepoint inside it, as ever
             with conn.pipeline(), conn.transaction():
                 conn.execute(bound, self._bounds)
                 if lock_types:
-                    conn.execute(_sql("claim_lock"), {"lock_types": list(lock_types)})
+                    conn.execute(_sql("claim_lock", self.schema), {"lock_types": list(lock_types)})
                 yield conn
             return
         # One pipeline, one Sync, no BEGIN/COMMIT: the server runs everything before a Sync
@@ -114,10 +118,10 @@ class Lanes:
         with conn.pipeline():
             if not self.session_bound:
                 # A pooled session's isolation is not ours to set: this write's own.
-                conn.execute(_sql("read_committed_local"))
+                conn.execute(_sql("read_committed_local", self.schema))
                 conn.execute(bound, self._bounds)
             if lock_types:  # same transaction, before the claim: see claim_lock
-                conn.execute(_sql("claim_lock"), {"lock_types": list(lock_types)})
+                conn.execute(_sql("claim_lock", self.schema), {"lock_types": list(lock_types)})
             yield conn
 
     def _write(
@@ -128,10 +132,10 @@ class Lanes:
             # A bound session's one statement: on the connection's own cursor (a new cursor
             # per execute and the context manager were a quarter of a settlement's CPU).
             cur = self._cursor
-            cur.execute(_sql(name), params)
+            cur.execute(_sql(name, self.schema), params)
         else:
             with self._bounded(lock_types) as conn:
-                cur = conn.execute(_sql(name), params)
+                cur = conn.execute(_sql(name, self.schema), params)
         # Not `cur.description`: it builds a Column object per column on every call.
         result = cur.pgresult
         rows = cur.fetchall() if result is not None and result.nfields else []

@@ -1,5 +1,13 @@
 """Named statements: sql/ loaded once, its predicates and fragments spliced in, each
-statement run by name. Every module of this package takes its SQL from `_sql`."""
+statement run by name. Every module of this package takes its SQL from `_sql`.
+
+Schemas (SLOTD_SCHEMA): sql/ is written with bare `slotd_*` names. For `public` the
+statements run as written (today's text, so deployments and their plans are unchanged). For
+a named schema each statement is rewritten once, at load, to name its schema explicitly:
+behind a transaction-mode pooler a session `search_path` lands on whichever server session
+ran it, so no statement may rely on one. The rewrite touches only the objects the
+migrations create (`objects()`), the notification channels and slotd's advisory-lock keys;
+columns, indexes and functions of PostgreSQL are left alone."""
 
 from __future__ import annotations
 
@@ -11,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from slotd.config import DEFAULT_SCHEMA, default_schema, validate_schema
+from slotd.errors import ConfigError
 
 _BLOCK = re.compile(r"^-- (name|predicate|fragment): (\S+)\s*$", re.M)
 _SPLICE = re.compile(r"\{(\w+)\}")
@@ -28,8 +39,112 @@ def sql_dir() -> Path:
     raise FileNotFoundError("slotd's sql/ directory is missing from this installation")
 
 
+_IDENTIFIER_MAX = 63
+
+
+def resolve_schema(schema: str | None) -> str:
+    return default_schema() if schema is None else validate_schema(schema, source="schema")
+
+
+def channel(base: str, schema: str | None = None) -> str:
+    """A notification channel of `schema`: public keeps the bare name (replicas of the
+    previous release listen on it), a named schema's is `<base>.<schema>`, so a fleet is
+    never woken by another schema's enqueues."""
+    schema = resolve_schema(schema)
+    return base if schema == DEFAULT_SCHEMA else f"{base}.{schema}"
+
+
+def qualified(name: str, schema: str | None = None) -> str:
+    """An object of slotd as text naming its schema (for to_regclass and the like)."""
+    schema = resolve_schema(schema)
+    return name if schema == DEFAULT_SCHEMA else f'"{schema}".{name}'
+
+
+_CREATES = re.compile(
+    r"\bCREATE\s+(?:OR\s+REPLACE\s+)?(?:UNLOGGED\s+|TEMP\s+)?"
+    r"(?:TABLE|VIEW|MATERIALIZED\s+VIEW|SEQUENCE|TYPE|FUNCTION|PROCEDURE|DOMAIN)\s+"
+    r"(?:IF\s+NOT\s+EXISTS\s+)?(slotd_\w+)",
+    re.I,
+)
+
+
 @cache
-def statements() -> dict[str, str]:
+def objects() -> frozenset[str]:
+    """Every object of slotd a statement may name: what the migrations and the statements
+    create (tables, views, sequences, types, functions). Indexes and constraints are not
+    named in statements and cannot be qualified where they are created, so they are not
+    rewritten; a new table is picked up from its migration without a list to keep."""
+    folder = sql_dir()
+    text = "\n".join(p.read_text() for p in sorted(folder.glob("*.sql")))
+    return frozenset(m.group(1) for m in _CREATES.finditer(text))
+
+
+def _object_pattern() -> re.Pattern[str]:
+    names = sorted(objects(), key=len, reverse=True)
+    # Whole identifiers only (an index named slotd_tasks_key is not slotd_tasks), and not
+    # one already qualified by a schema.
+    return re.compile(r"(?<![\w.\"$])(" + "|".join(map(re.escape, names)) + r")(?![\w$])")
+
+
+# A channel is what pg_notify's first argument or a LISTEN names; any other `'slotd_...'`
+# literal is left alone (and the test over every statement flags it).
+_CHANNEL_LITERAL = re.compile(r"(pg_notify\(\s*)'(slotd_\w+)'", re.I)
+_CHANNEL_LISTEN = re.compile(r"\b((?:UN)?LISTEN\s+)(slotd_\w+)\b", re.I)
+_LOCK_KEY = re.compile(r"'slotd\.")
+
+
+def rewrite(sql: str, schema: str) -> str:
+    """`sql` naming `schema` explicitly: its objects qualified, its channels the schema's
+    own, its advisory-lock keys (`'slotd.<what>...'`) the schema's own. Identity for
+    public."""
+    if schema == DEFAULT_SCHEMA:
+        return sql
+
+    def literal(match: re.Match[str]) -> str:
+        return f"{match.group(1)}'{_checked_channel(channel(match.group(2), schema))}'"
+
+    def listen(match: re.Match[str]) -> str:
+        return f'{match.group(1)}"{_checked_channel(channel(match.group(2), schema))}"'
+
+    # The schema itself, where a statement names it (CREATE SCHEMA, the migration's
+    # search_path): quoted as an identifier, in a literal too.
+    sql = sql.replace("'slotd_schema_name'", f"'\"{schema}\"'")
+    sql = sql.replace("slotd_schema_name", f'"{schema}"')
+    sql = _CHANNEL_LITERAL.sub(literal, sql)
+    sql = _CHANNEL_LISTEN.sub(listen, sql)
+    sql = _LOCK_KEY.sub(f"'slotd.{schema}.", sql)
+    return _object_pattern().sub(f'"{schema}".\\1', sql)
+
+
+def _checked_channel(name: str) -> str:
+    if len(name.encode()) > _IDENTIFIER_MAX:
+        raise ConfigError(f"channel {name!r} is longer than {_IDENTIFIER_MAX} bytes")
+    return name
+
+
+def unqualified(sql: str, schema: str) -> list[str]:
+    """The `slotd_*` names a rewritten statement still leaves to a search_path (comments
+    aside): for the test that pins the rewrite over every statement, present and future."""
+    code = "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
+    return [
+        m.group(0)
+        for m in re.finditer(r"(?<![\w$.\"])slotd_\w+", code)
+        if not code.startswith(f".{schema}", m.end())
+    ]
+
+
+@cache
+def statements(schema: str = DEFAULT_SCHEMA) -> dict[str, str]:
+    """Every named statement, for `schema` (see the module's docstring): loaded and
+    rewritten once per schema, so each keeps one text (psycopg prepares by text)."""
+    if schema != DEFAULT_SCHEMA:
+        validate_schema(schema, source="schema")
+        return {name: rewrite(sql, schema) for name, sql in statements().items()}
+    return _loaded()
+
+
+@cache
+def _loaded() -> dict[str, str]:
     """queries.sql, plus queries_*.sql for optional integrations (slotd.contrib)."""
     folder = sql_dir()
     files = [folder / "queries.sql", *sorted(folder.glob("queries_*.sql"))]
@@ -56,9 +171,10 @@ def statements() -> dict[str, str]:
     return {name: splice(sql) for name, sql in blocks["name"].items()}
 
 
-def _sql(name: str) -> Any:
+def _sql(name: str, schema: str | None = None) -> Any:
+    """Statement `name` for `schema` (None: SLOTD_SCHEMA, else public)."""
     # psycopg's LiteralString typing does not follow strings loaded from a file.
-    return statements()[name]
+    return statements(default_schema() if schema is None else schema)[name]
 
 
 def _interval(value: timedelta) -> str:
@@ -70,7 +186,13 @@ def _dicts(cur: Any) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
-def execute(target: Executor, name: str, params: Mapping[str, Any] | None = None) -> Any:
+def execute(
+    target: Executor,
+    name: str,
+    params: Mapping[str, Any] | None = None,
+    *,
+    schema: str | None = None,
+) -> Any:
     """Run a named statement from sql/ and return the cursor: for integrations whose
     statements live in sql/queries_*.sql."""
-    return target.execute(_sql(name), params)
+    return target.execute(_sql(name, schema), params)

@@ -10,7 +10,7 @@ from typing import Any
 
 from slotd.payload import encode
 from slotd.registry import validate_type_name
-from slotd.repository.named import AsyncExecutor, Executor, _sql
+from slotd.repository.named import AsyncExecutor, Executor, _sql, resolve_schema
 
 
 def _json_object(payload: Mapping[str, Any] | None, task_type: str) -> str:
@@ -121,10 +121,13 @@ def enqueue_many(
     priority_step: timedelta = timedelta(seconds=1),
     unique: str = "live",
     trace: str | None = None,
+    schema: str | None = None,
 ) -> list[int]:
     """Insert tasks inside the caller's transaction and return their ids, in order; a key
     with a live row (unique="pending": a row not started yet) returns that row's id.
-    `explicit=False`: the claiming worker stamps its own max_attempts over this one."""
+    `explicit=False`: the claiming worker stamps its own max_attempts over this one.
+    `schema`: the queue's (None: SLOTD_SCHEMA, else public)."""
+    schema = resolve_schema(schema)
     params = enqueue_params(
         items,
         max_attempts=max_attempts,
@@ -135,7 +138,7 @@ def enqueue_many(
     )
     if params is None:
         return []
-    result = target.execute(_sql("enqueue"), params).fetchall()
+    result = target.execute(_sql("enqueue", schema), params).fetchall()
     ids: list[int] = []
     for index, (_ord, task_id, task_type, key) in enumerate(result):
         for _ in range(_KEY_TRIES):
@@ -145,12 +148,12 @@ def enqueue_many(
             # that row, unless it was claimed and finished meanwhile; then insert ours.
             by_key = {"task_type": task_type, "key": key}
             for look in _second_looks(params, index):
-                row = target.execute(_sql(look), by_key).fetchone()
+                row = target.execute(_sql(look, schema), by_key).fetchone()
                 if row:
                     task_id = row[0]
                     break
             else:
-                task_id = _enqueue_one(target, params, index)
+                task_id = _enqueue_one(target, params, index, schema)
         ids.append(_found(task_id, task_type, key))
     return ids
 
@@ -161,8 +164,10 @@ def _second_looks(params: dict[str, Any], index: int) -> tuple[str, ...]:
     return ("pending_by_key", "live_by_key") if params["pending"][index] else ("live_by_key",)
 
 
-def _enqueue_one(target: Executor, params: dict[str, Any], index: int) -> int | None:
-    return target.execute(_sql("enqueue"), _one(params, index)).fetchall()[0][1]
+def _enqueue_one(
+    target: Executor, params: dict[str, Any], index: int, schema: str | None = None
+) -> int | None:
+    return target.execute(_sql("enqueue", schema), _one(params, index)).fetchall()[0][1]
 
 
 async def enqueue_many_async(
@@ -174,8 +179,10 @@ async def enqueue_many_async(
     priority_step: timedelta = timedelta(seconds=1),
     unique: str = "live",
     trace: str | None = None,
+    schema: str | None = None,
 ) -> list[int]:
     """enqueue_many on a psycopg AsyncConnection or AsyncCursor: the same statement."""
+    schema = resolve_schema(schema)
     params = enqueue_params(
         items,
         max_attempts=max_attempts,
@@ -186,7 +193,7 @@ async def enqueue_many_async(
     )
     if params is None:
         return []
-    result = await (await target.execute(_sql("enqueue"), params)).fetchall()
+    result = await (await target.execute(_sql("enqueue", schema), params)).fetchall()
     ids: list[int] = []
     for index, (_ord, task_id, task_type, key) in enumerate(result):
         for _ in range(_KEY_TRIES):
@@ -194,13 +201,13 @@ async def enqueue_many_async(
                 break
             by_key = {"task_type": task_type, "key": key}
             for look in _second_looks(params, index):
-                found = await target.execute(_sql(look), by_key)
+                found = await target.execute(_sql(look, schema), by_key)
                 row = await found.fetchone()
                 if row:
                     task_id = row[0]
                     break
             else:
-                again = await target.execute(_sql("enqueue"), _one(params, index))
+                again = await target.execute(_sql("enqueue", schema), _one(params, index))
                 task_id = (await again.fetchall())[0][1]
         ids.append(_found(task_id, task_type, key))
     return ids

@@ -155,7 +155,7 @@ class QueueProtocol(Lanes):
             **limit_params(limits or {}, rates),
         }
         conn = self.write if on_primary else self.read
-        rows = conn.execute(_sql("discover"), params).fetchall()
+        rows = conn.execute(_sql("discover", self.schema), params).fetchall()
         waits = [wait for task_id, _, wait in rows if task_id is None]
         self.rate_wait_s = min(waits) if waits else None
         found = [(task_id, task_type) for task_id, task_type, _ in rows if task_id is not None]
@@ -283,7 +283,7 @@ class QueueProtocol(Lanes):
 
     def held_lease(self, token: uuid.UUID) -> Claimed | None:
         """The live lease under `token` (a chained claim's, after its answer was lost)."""
-        row = self.write.execute(_sql("held_lease"), {"token": token}).fetchone()
+        row = self.write.execute(_sql("held_lease", self.schema), {"token": token}).fetchone()
         return Claimed(*row) if row else None
 
     def continue_slice(self, task_id: int, token: uuid.UUID) -> bool:
@@ -320,6 +320,8 @@ class QueueProtocol(Lanes):
     def cancel_reason(self, task_id: int, token: uuid.UUID) -> str | None:
         """The cancel's reason when an operator cancelled this lease's task, else None. On
         the write lane: a replica's lag must not hide a cancel."""
-        row = self.write.execute(_sql("cancelled_lease"), {"id": task_id, "token": token})
+        row = self.write.execute(
+            _sql("cancelled_lease", self.schema), {"id": task_id, "token": token}
+        )
         found = row.fetchone()
         return str(found[0]) if found else None

@@ -8,28 +8,32 @@ from typing import Any
 from slotd.repository.lanes import Lanes
 from slotd.repository.named import AsyncExecutor, Executor, _sql
 
-RESULT_CHANNEL = "slotd_result"
+RESULT_CHANNEL = "slotd_result"  # public's; named schemas: named.channel
 
 Row = tuple[str, Any, str | None]  # state, value, error
 
 
-def result_of(target: Executor, task_id: int) -> Row | None:
-    row = target.execute(_sql("result_of"), {"id": task_id}).fetchone()
+def result_of(target: Executor, task_id: int, *, schema: str | None = None) -> Row | None:
+    row = target.execute(_sql("result_of", schema), {"id": task_id}).fetchone()
     return None if row is None else (row[0], row[1], row[2])
 
 
-async def result_of_async(target: AsyncExecutor, task_id: int) -> Row | None:
-    cur = await target.execute(_sql("result_of"), {"id": task_id})
+async def result_of_async(
+    target: AsyncExecutor, task_id: int, *, schema: str | None = None
+) -> Row | None:
+    cur = await target.execute(_sql("result_of", schema), {"id": task_id})
     row = await cur.fetchone()
     return None if row is None else (row[0], row[1], row[2])
 
 
-def listen_results(target: Executor, on: bool = True) -> None:
-    target.execute(_sql("listen_results" if on else "unlisten_results"))
+def listen_results(target: Executor, on: bool = True, *, schema: str | None = None) -> None:
+    target.execute(_sql("listen_results" if on else "unlisten_results", schema))
 
 
-async def listen_results_async(target: AsyncExecutor, on: bool = True) -> None:
-    await target.execute(_sql("listen_results" if on else "unlisten_results"))
+async def listen_results_async(
+    target: AsyncExecutor, on: bool = True, *, schema: str | None = None
+) -> None:
+    await target.execute(_sql("listen_results" if on else "unlisten_results", schema))
 
 
 class ResultStore(Lanes):

@@ -84,10 +84,10 @@ class Schedules(Lanes):
         ]
 
     def schedules_gone(self, replica_id: str) -> None:
-        self.write.execute(_sql("schedules_gone"), {"replica_id": replica_id})
+        self.write.execute(_sql("schedules_gone", self.schema), {"replica_id": replica_id})
 
     def schedules_overview(self) -> list[dict[str, Any]]:
-        cur = self.write.execute(_sql("schedules_overview"))
+        cur = self.write.execute(_sql("schedules_overview", self.schema))
         names = [col.name for col in cur.description or []]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 

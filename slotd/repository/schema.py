@@ -10,7 +10,7 @@ import psycopg
 
 from slotd import upgrades
 from slotd.errors import UnsafeMigration
-from slotd.repository.named import _sql, sql_dir
+from slotd.repository.named import DEFAULT_SCHEMA, _sql, resolve_schema, rewrite, sql_dir
 
 
 def migrations() -> list[tuple[int, str, str]]:
@@ -24,7 +24,9 @@ def newest_migration() -> int:
     return max(m.version for m in upgrades.read(sql_dir()))
 
 
-def migrate(conn: psycopg.Connection[Any], *, force: bool = False) -> list[str]:
+def migrate(
+    conn: psycopg.Connection[Any], *, force: bool = False, schema: str | None = None
+) -> list[str]:
     """Apply the numbered migrations not yet recorded, all in one transaction that first
     takes a transaction-scoped advisory lock and reads what is applied under it: two hosts
     migrating at once take turns, the second finds nothing to do, and a failing migration
@@ -34,43 +36,58 @@ def migrate(conn: psycopg.Connection[Any], *, force: bool = False) -> list[str]:
 
     A contract step (slotd.upgrades) is applied only while no live replica runs code older
     than it allows, unless `force`: the steps before it are committed, and UnsafeMigration
-    names the replicas."""
+    names the replicas.
+
+    `schema` (None: SLOTD_SCHEMA, else public): a named schema is created if missing and
+    every step runs rewritten to name it (slotd.repository.named), with the transaction's
+    search_path set to that schema alone as well, so that what a step creates lands there
+    and a name the rewrite missed fails here instead of resolving in public. The
+    search_path is put back before the transaction (or the caller's savepoint) ends:
+    nothing after the migration may lean on it."""
+    schema = resolve_schema(schema)
     applied_now: list[str] = []
     refused: str | None = None
     with conn.transaction():
-        conn.execute(_sql("migrate_lock"))
-        conn.execute(_sql("migrate_init"))
-        done = {row[0] for row in conn.execute(_sql("migrate_applied"))}
+        conn.execute(_sql("migrate_lock", schema))
+        if schema != DEFAULT_SCHEMA:
+            conn.execute(_sql("migrate_schema_create", schema))
+            was = conn.execute(_sql("migrate_search_path_set", schema)).fetchone()[0]  # type: ignore[index]
+        conn.execute(_sql("migrate_init", schema))
+        done = {row[0] for row in conn.execute(_sql("migrate_applied", schema))}
         for step in upgrades.read(sql_dir()):
             if step.version in done:
                 continue
             if step.contract_of is not None and not force:
                 # Read under the lock, after the steps before it: any columns will do
                 # (a replica of a release before sql/013 has no version to show).
-                fleet = [row[0] for row in conn.execute(_sql("migrate_fleet"))]
+                fleet = [row[0] for row in conn.execute(_sql("migrate_fleet", schema))]
                 older = upgrades.too_old(fleet, step.contract_of)
                 if older:
                     refused = upgrades.refusal(step, older)
                     break
-            conn.execute(step.body)  # type: ignore[arg-type]
-            conn.execute(_sql("migrate_record"), {"version": step.version, "name": step.name})
+            conn.execute(rewrite(step.body, schema))  # type: ignore[arg-type]
+            conn.execute(
+                _sql("migrate_record", schema), {"version": step.version, "name": step.name}
+            )
             applied_now.append(step.name)
+        if schema != DEFAULT_SCHEMA:
+            conn.execute(_sql("migrate_search_path_reset"), {"was": was})
     if refused is not None:
         done_part = f"applied {', '.join(applied_now)}; " if applied_now else ""
         raise UnsafeMigration(done_part + refused)
     return applied_now
 
 
-def unapplied_migrations(conn: psycopg.Connection[Any]) -> list[str]:
+def unapplied_migrations(conn: psycopg.Connection[Any], *, schema: str | None = None) -> list[str]:
     """What this code needs that the database lacks (all of it on an empty database)."""
-    if not schema_present(conn):
+    if not schema_present(conn, schema=schema):
         return [m.name for m in upgrades.read(sql_dir())]
-    done = {row[0] for row in conn.execute(_sql("migrate_applied"))}
+    done = {row[0] for row in conn.execute(_sql("migrate_applied", schema))}
     return upgrades.missing(upgrades.read(sql_dir()), done)
 
 
-def schema_present(conn: psycopg.Connection[Any]) -> bool:
-    row = conn.execute(_sql("schema_present")).fetchone()
+def schema_present(conn: psycopg.Connection[Any], *, schema: str | None = None) -> bool:
+    row = conn.execute(_sql("schema_present", schema)).fetchone()
     return bool(row and row[0])
 
 

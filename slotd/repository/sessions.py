@@ -9,7 +9,7 @@ import psycopg
 
 from slotd.repository.named import _sql
 
-WAKE_CHANNEL = "slotd_wake"
+WAKE_CHANNEL = "slotd_wake"  # public's; named schemas: named.channel
 
 
 def read_committed_session(conn: psycopg.Connection[Any]) -> None:
@@ -31,16 +31,18 @@ def cancel_backend(conn: psycopg.Connection[Any], pid: int) -> None:
     conn.execute(_sql("cancel_backend"), {"pid": pid})
 
 
-def listen(conn: psycopg.Connection[Any]) -> None:
-    conn.execute(_sql("listen"))
+def listen(conn: psycopg.Connection[Any], *, schema: str | None = None) -> None:
+    conn.execute(_sql("listen", schema))
 
 
-def listen_control(conn: psycopg.Connection[Any]) -> None:
-    conn.execute(_sql("listen_control"))
+def listen_control(conn: psycopg.Connection[Any], *, schema: str | None = None) -> None:
+    conn.execute(_sql("listen_control", schema))
 
 
-def notify_selftest(conn: psycopg.Connection[Any], payload: str) -> None:
-    conn.execute(_sql("notify_selftest"), {"payload": payload})
+def notify_selftest(
+    conn: psycopg.Connection[Any], payload: str, *, schema: str | None = None
+) -> None:
+    conn.execute(_sql("notify_selftest", schema), {"payload": payload})
 
 
 def backend_pid(conn: psycopg.Connection[Any]) -> int:

@@ -17,14 +17,14 @@ class Inspection(Lanes):
         """'pending', 'running' or 'dead': (id, type, payload, attempts, key, run_at,
         last_error, dead) rows."""
         params = {"view": view, "task_type": task_type}
-        return self.write.execute(_sql("task_view"), params).fetchall()
+        return self.write.execute(_sql("task_view", self.schema), params).fetchall()
 
     def lease_of(self, task_id: int) -> tuple[uuid.UUID | None, bool] | None:
-        row = self.write.execute(_sql("lease_of"), {"id": task_id}).fetchone()
+        row = self.write.execute(_sql("lease_of", self.schema), {"id": task_id}).fetchone()
         return (row[0], bool(row[1])) if row else None
 
     def shift_time(self, seconds: float) -> None:
-        self.write.execute(_sql("set_time_offset"), {"seconds": seconds})
+        self.write.execute(_sql("set_time_offset", self.schema), {"seconds": seconds})
 
     def expire_leases(self) -> int:
-        return self.write.execute(_sql("expire_leases")).rowcount
+        return self.write.execute(_sql("expire_leases", self.schema)).rowcount

@@ -48,7 +48,9 @@ class Eager:
         clone.write = clone.read = conn
         return clone
 
-    def __call__(self, target: Executor, ids: list[int]) -> None:
+    def __call__(self, target: Executor, ids: list[int], schema: str) -> None:
+        if schema != self.repo.schema:
+            return  # another schema's queue: not the one this runner claims from
         repo = self._repo_for(target)
         for task_id in dict.fromkeys(ids):  # a batch can name one live row twice (keys)
             self._run(repo, task_id)

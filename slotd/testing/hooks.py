@@ -1,4 +1,5 @@
-"""The enqueue hook the test modes listen on (slotd.enqueue calls it with each batch's ids)."""
+"""The enqueue hook the test modes listen on (slotd.enqueue calls it with each batch's ids
+and the schema they were written in)."""
 
 from __future__ import annotations
 
@@ -16,19 +17,20 @@ _enqueue_module = importlib.import_module("slotd.enqueue")
 # enqueue hooks: eager mode and capture() both listen to slotd.enqueue, and may nest in
 # either order, so they share one dispatcher instead of overwriting each other.
 
-_hooks: list[Callable[[Executor, list[int]], None]] = []
+Hook = Callable[[Executor, list[int], str], None]
+_hooks: list[Hook] = []
 _foreign_hook: Any = None
 
 
-def _dispatch(target: Executor, ids: list[int]) -> None:
+def _dispatch(target: Executor, ids: list[int], schema: str) -> None:
     for hook in list(_hooks):
-        hook(target, ids)
+        hook(target, ids, schema)
     if _foreign_hook is not None:
-        _foreign_hook(target, ids)
+        _foreign_hook(target, ids, schema)
 
 
 @contextmanager
-def _hooked(hook: Callable[[Executor, list[int]], None], *, first: bool = False) -> Iterator[None]:
+def _hooked(hook: Hook, *, first: bool = False) -> Iterator[None]:
     global _foreign_hook
     if not _hooks and _enqueue_module._hook not in (None, _dispatch):
         _foreign_hook = _enqueue_module._hook  # someone else's hook keeps working

@@ -85,7 +85,7 @@ class ManualQueue:
         enqueues happen. An enqueue whose key matched a live row records that row's id."""
         ids: list[int] = []
 
-        def record(_target: Executor, new: list[int]) -> None:
+        def record(_target: Executor, new: list[int], _schema: str) -> None:
             ids.extend(i for i in new if i not in ids)
 
         with _hooked(record, first=True):

@@ -2,6 +2,7 @@
 
     python tests/bench/cpu_per_task.py [--n 5000] [--slots 4] [--rounds 2] [--py-spy DIR]
         [--types bench.noop,bench.async_noop,bench.noop+otel,bench.async_noop+otel]
+        [--schemas public,jobs] [--claims 2000]
 
 Starts its own PostgreSQL (fsync on), runs `slotd run --slots N` (metrics off) as users run
 it, bulk-enqueues n no-op tasks (sync `bench.noop` and async `bench.async_noop`, interleaved
@@ -18,7 +19,12 @@ walwriter, checkpointer, autovacuum), split into slotd's backends and the rest.
 
 --py-spy DIR also records each slotd process with py-spy during the drain (collapsed stacks,
 one file per role and kind; --gil: only samples holding the GIL, i.e. running Python, not
-blocked in a syscall) and prints the top self-time and inclusive frames per role."""
+blocked in a syscall) and prints the top self-time and inclusive frames per role.
+
+--schemas runs every kind in each of these schemas of one database (SLOTD_SCHEMA for the
+daemon, schema= for the enqueue), interleaved; --claims N then also times N serial
+discover + claim + dequeue on one connection per schema (psycopg prepares each statement
+after its fifth run, as a slot does): the claim latency in public and in a named schema."""
 
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import psutil
@@ -39,7 +46,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from slotd.localpg import LocalPostgres, scratch  # noqa: E402
-from slotd.repository import NewTask, enqueue_many, migrate  # noqa: E402
+from slotd.registry import Registry  # noqa: E402
+from slotd.repository import NewTask, Repository, enqueue_many, migrate  # noqa: E402
+from slotd.repository.named import qualified  # noqa: E402
 from tests.daemon import Daemon, wait_for  # noqa: E402
 
 ROLES = ("supervisor", "slots", "runners", "pg slotd backends", "pg other")
@@ -175,9 +184,12 @@ def drain(
     slots: int,
     spy_dir: Path | None,
     tag: str,
+    schema: str = "public",
 ) -> dict[str, float]:
     task_type, _, otel = task_type.partition("+")
     env = {"SLOTD_BENCH_TRACING": "1"} if otel else {}
+    env["SLOTD_SCHEMA"] = schema
+    empty = f"SELECT NOT EXISTS (SELECT FROM {qualified('slotd_tasks', schema)})"
     daemon = Daemon(server.url(), slots=slots, app="tests.bench.app:registry", env=env).start()
     try:
         postmaster = _postmaster(server)
@@ -190,11 +202,11 @@ def drain(
         began = time.perf_counter()
         with conn.transaction():
             if otel:
-                traced_enqueue(conn, [NewTask(task_type) for _ in range(n)])
+                traced_enqueue(conn, [NewTask(task_type) for _ in range(n)], schema)
             else:
-                enqueue_many(conn, [NewTask(task_type) for _ in range(n)])
+                enqueue_many(conn, [NewTask(task_type) for _ in range(n)], schema=schema)
         wait_for(
-            lambda: conn.execute("SELECT NOT EXISTS (SELECT FROM slotd_tasks)").fetchone()[0],
+            lambda: conn.execute(empty).fetchone()[0],  # type: ignore[arg-type]
             timeout=1200,
             what="the drain",
         )
@@ -209,14 +221,47 @@ def drain(
         daemon.close()
 
 
-def traced_enqueue(conn: psycopg.Connection, rows: list[NewTask]) -> None:
+def traced_enqueue(conn: psycopg.Connection, rows: list[NewTask], schema: str) -> None:
     """slotd.enqueue_many under a request's span (a provider of its own, never exported)."""
     from opentelemetry.sdk.trace import TracerProvider
 
     import slotd
 
     with TracerProvider().get_tracer("bench").start_as_current_span("request"):
-        slotd.enqueue_many(conn, rows)
+        slotd.enqueue_many(conn, rows, schema=schema)
+
+
+def claim_latency(url: str, schema: str, n: int) -> dict[str, float]:
+    """n serial discover + claim + dequeue on one connection, 1,000 due at the start."""
+    registry = Registry()
+    registry.register("bench.claim", lambda task, ctx: None, ceiling=timedelta(seconds=30))
+    claims: list[float] = []
+    settles: list[float] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        repo = Repository(conn, schema=schema)
+        enqueue_many(conn, [NewTask("bench.claim")] * (n + 1000), schema=schema)
+        batch: list[int] = []
+        while len(claims) < n:
+            if not batch:
+                batch = repo.discover(registry.types, 20)
+            t0 = time.perf_counter()
+            got = repo.claim(batch, registry)
+            t1 = time.perf_counter()
+            assert got is not None
+            batch = [i for i in batch if i != got.id]
+            repo.dequeue(got.id, got.token)
+            settles.append(time.perf_counter() - t1)
+            claims.append(t1 - t0)
+        prepared = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+        conn.execute(f"TRUNCATE {qualified('slotd_tasks', schema)}")  # type: ignore[arg-type]
+    claims.sort()
+    settles.sort()
+    return {
+        "claim_p50_ms": claims[len(claims) // 2] * 1000,
+        "claim_p99_ms": claims[int(len(claims) * 0.99)] * 1000,
+        "dequeue_p50_ms": settles[len(settles) // 2] * 1000,
+        "prepared": float(prepared[0]) if prepared else 0.0,
+    }
 
 
 def main() -> None:
@@ -226,20 +271,30 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--types", default="bench.noop,bench.async_noop")
     parser.add_argument("--py-spy", type=Path, default=None, dest="spy")
+    parser.add_argument("--schemas", default="public")
+    parser.add_argument("--claims", type=int, default=0)
     args = parser.parse_args()
-    kinds = args.types.split(",")
+    schemas = args.schemas.split(",")
+    kinds = [k if s == "public" else f"{k}@{s}" for k in args.types.split(",") for s in schemas]
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     with (
         scratch(prefix="slotd-cpu-bench-", port=5437, fast=False) as server,
         psycopg.connect(server.url(), autocommit=True) as conn,
     ):
-        migrate(conn)
+        for schema in schemas:
+            migrate(conn, schema=schema)
         runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
+        claims: dict[str, list[dict[str, float]]] = {schema: [] for schema in schemas}
         # Interleaved rounds: on a shared machine the load drifts, and every kind sees it.
         for r in range(args.rounds):
             for kind in kinds:
                 tag = f"{kind}-{r}"
-                runs[kind].append(drain(conn, server, kind, args.n, args.slots, args.spy, tag))
+                base, _, schema = kind.partition("@")
+                runs[kind].append(
+                    drain(conn, server, base, args.n, args.slots, args.spy, tag, schema or "public")
+                )
+            for schema in schemas if args.claims else ():
+                claims[schema].append(claim_latency(server.url(), schema, args.claims))
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     header = "| handler | tasks/s | slotd µs/task | " + " | ".join(ROLES) + " |"
     print(header)
@@ -250,6 +305,15 @@ def main() -> None:
             cells = " | ".join(f"{res[role] / args.n * 1e6:,.0f}" for role in ROLES)
             rate = args.n / res["wall"]
             print(f"| {kind} | {rate:,.0f} | {own / args.n * 1e6:,.0f} | {cells} |")
+    if args.claims:
+        print("\n| schema | claim p50 ms | claim p99 ms | dequeue p50 ms | prepared |")
+        print("|---|---|---|---|---|")
+        for schema, results in claims.items():
+            for c in results:
+                print(
+                    f"| {schema} | {c['claim_p50_ms']:.3f} | {c['claim_p99_ms']:.3f} | "
+                    f"{c['dequeue_p50_ms']:.3f} | {c['prepared']:.0f} |"
+                )
     if args.spy:
         for kind in kinds:
             for role, frames in top_frames(args.spy, f"{kind}-0").items():

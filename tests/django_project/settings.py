@@ -30,6 +30,12 @@ TASKS = {
             "MAX_ATTEMPTS": 3,
             "QUEUE_OPTIONS": {"slow": {"CEILING": "10m", "MAX_ATTEMPTS": 1}},
             "RESULT_RETENTION": "7d",
+            # tests/django/test_django_schema_option.py runs the project in a schema.
+            **(
+                {"SCHEMA": os.environ["SLOTD_DJANGO_TEST_SCHEMA"]}
+                if os.environ.get("SLOTD_DJANGO_TEST_SCHEMA")
+                else {}
+            ),
         },
     }
 }

@@ -10,6 +10,7 @@ TASKS = {
             "QUEUE_OPTIONS": {"emails": {"CEILING": "1m", "MAX_ATTEMPTS": 5}},
             "DATABASE": "default",       # the Django database alias holding slotd's tables
             "RESULT_RETENTION": "7d",    # finished results older than this are pruned
+            "SCHEMA": "jobs",            # slotd's tables (default: SLOTD_SCHEMA, else public)
         },
     }
 }
@@ -40,7 +41,7 @@ from django.utils.json import normalize_json
 
 import slotd
 from slotd import db, repository
-from slotd.config import parse_duration
+from slotd.config import default_schema, parse_duration, validate_schema
 from slotd.contrib.django import results
 from slotd.enqueue import hooks_held
 from slotd.errors import ConfigError, SchemaNotMigrated
@@ -140,6 +141,14 @@ class SlotdBackend(BaseTaskBackend):
         raise InvalidTask(f"Queue '{queue_name}' is not valid for backend.")
 
     @property
+    def schema(self) -> str:
+        """The schema holding slotd's objects (`manage.py migrate` creates it), the one the
+        worker drains: OPTIONS SCHEMA, else SLOTD_SCHEMA, else public."""
+        if "SCHEMA" in self.options:
+            return validate_schema(self.options["SCHEMA"], source="OPTIONS SCHEMA")
+        return default_schema()
+
+    @property
     def result_retention(self) -> timedelta:
         raw = self.options.get("RESULT_RETENTION", DEFAULT_RETENTION)
         return parse_duration(raw, name="RESULT_RETENTION")
@@ -170,6 +179,7 @@ class SlotdBackend(BaseTaskBackend):
         try:
             self.queue_configs()
             _ = self.result_retention
+            _ = self.schema
         except ConfigError as exc:
             error(str(exc))
         if self.database not in settings.DATABASES:
@@ -223,11 +233,14 @@ class SlotdBackend(BaseTaskBackend):
                 delay=delay,
                 max_attempts=attempts,
                 priority=task.priority,
+                schema=self.schema,
             )
             if run_after is not None:
-                repository.execute(cur, "django_defer", {"id": task_id, "run_at": run_after})
+                params = {"id": task_id, "run_at": run_after}
+                repository.execute(cur, "django_defer", params, schema=self.schema)
             enqueued_at = results.insert(
                 cur,
+                schema=self.schema,
                 id=result_id,
                 task_id=task_id,
                 backend=self.alias,

@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 
+from slotd.config import default_schema
 from slotd.errors import ConfigError
 
 
@@ -58,4 +59,19 @@ def apply_slotd_schema(apps: Any, schema_editor: Any) -> None:
     from slotd.contrib.django.results import raw_connection
     from slotd.repository import migrate
 
-    migrate(raw_connection(schema_editor.connection.alias))
+    alias = schema_editor.connection.alias
+    migrate(raw_connection(alias), schema=schema_of(alias))
+
+
+def schema_of(alias: str) -> str:
+    """The schema slotd's objects live in on database `alias`: the OPTIONS SCHEMA of the
+    slotd backends writing there (one; SLOTD_SCHEMA, else public, when none sets it)."""
+    from slotd.contrib.django.worker import slotd_backends
+
+    schemas = sorted({b.schema for b in slotd_backends() if b.database == alias})
+    if len(schemas) > 1:
+        raise ConfigError(
+            f"the slotd TASKS backends on database {alias!r} name schemas {schemas}: "
+            "one database alias holds one queue, give them the same OPTIONS SCHEMA"
+        )
+    return schemas[0] if schemas else default_schema()

@@ -36,6 +36,13 @@ class AttemptFailed(SlotdError):
     of the error that `get_result()` reports for it."""
 
 
+def _execute(cur: psycopg.Cursor[Any], using: str, name: str, params: Any) -> Any:
+    """A statement on the schema of the slotd backends writing to database `using`."""
+    from slotd.contrib.django.database import schema_of
+
+    return repository.execute(cur, name, params, schema=schema_of(using))
+
+
 def raw_connection(using: str) -> psycopg.Connection[Any]:
     """Django's own psycopg 3 connection for database `using`: statements on it join
     whatever transaction Django has open there."""
@@ -65,7 +72,7 @@ def locked(using: str, result_id: str) -> Iterator[tuple[psycopg.Cursor[Any], st
     """A transaction holding the result row's lock; yields the cursor and its status (None
     when the row is gone: pruned by retention)."""
     with transaction.atomic(using=using), cursor(using) as cur:
-        row = repository.execute(cur, "django_result_lock", {"id": result_id}).fetchone()
+        row = _execute(cur, using, "django_result_lock", {"id": result_id}).fetchone()
         yield cur, (row[0] if row else None)
 
 
@@ -75,11 +82,11 @@ def start(using: str, result_id: str, worker_id: str) -> str | None:
     params = {"id": result_id, "worker_id": worker_id}
     with locked(using, result_id) as (cur, status):
         if status == SUCCESSFUL:
-            repository.execute(cur, "django_result_rerun", params)
+            _execute(cur, using, "django_result_rerun", params)
         elif status is not None:
             if status == FAILED:
-                repository.execute(cur, "django_result_reset", params)
-            repository.execute(cur, "django_result_running", params)
+                _execute(cur, using, "django_result_reset", params)
+            _execute(cur, using, "django_result_running", params)
         return status
 
 
@@ -87,9 +94,7 @@ def succeed(using: str, result_id: str, return_value: Any) -> None:
     body = json.dumps(return_value, allow_nan=False)
     with locked(using, result_id) as (cur, status):
         if status not in (None, SUCCESSFUL):
-            repository.execute(
-                cur, "django_result_succeed", {"id": result_id, "return_value": body}
-            )
+            _execute(cur, using, "django_result_succeed", {"id": result_id, "return_value": body})
 
 
 def fail(using: str, result_id: str, exc: BaseException) -> str | None:
@@ -101,14 +106,14 @@ def fail(using: str, result_id: str, exc: BaseException) -> str | None:
     }
     with locked(using, result_id) as (cur, status):
         if status is not None:
-            repository.execute(
-                cur, "django_result_fail", {"id": result_id, "error": json.dumps(error)}
+            _execute(
+                cur, using, "django_result_fail", {"id": result_id, "error": json.dumps(error)}
             )
         return status
 
 
-def insert(cur: psycopg.Cursor[Any], **row: Any) -> datetime:
-    found = repository.execute(cur, "django_result_insert", row).fetchone()
+def insert(cur: psycopg.Cursor[Any], *, schema: str, **row: Any) -> datetime:
+    found = repository.execute(cur, "django_result_insert", row, schema=schema).fetchone()
     assert found is not None
     enqueued_at: datetime = found[0]
     return enqueued_at
@@ -121,7 +126,7 @@ def prune(using: str, retention: timedelta, batch: int = 1000) -> int:
     while True:
         with transaction.atomic(using=using), cursor(using) as cur:
             params = {"retention_s": retention.total_seconds(), "batch": batch}
-            deleted = repository.execute(cur, "django_results_prune", params).rowcount
+            deleted = _execute(cur, using, "django_results_prune", params).rowcount
         total += deleted
         if deleted < batch:
             return total
@@ -133,7 +138,7 @@ def get(using: str, result_id: str) -> TaskResult:
     except ValueError:
         raise TaskResultDoesNotExist(result_id) from None
     with cursor(using) as cur:
-        found = repository.execute(cur, "django_result_get", {"id": key})
+        found = _execute(cur, using, "django_result_get", {"id": key})
         row = found.fetchone()
         names = [col.name for col in found.description or []]
     if row is None:

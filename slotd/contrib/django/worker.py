@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 import slotd
+from slotd.config import default_schema
 from slotd.errors import ConfigError
 from slotd.registry import Registry
 
@@ -42,7 +43,16 @@ def registry() -> Registry:
     # SLOTD_DATABASE_URL says otherwise (and then warns if the two differ).
     from slotd.contrib.django import database
 
-    reg.database_url = database.conninfo(database_alias(slotd_backends()))
+    alias = database_alias(slotd_backends())
+    reg.database_url = database.conninfo(alias)
+    schema = database.schema_of(alias)
+    if schema != default_schema():
+        # The daemon and every process under it read SLOTD_SCHEMA; `manage.py slotd run`
+        # sets it from OPTIONS SCHEMA.
+        raise ConfigError(
+            f"the TASKS backends' OPTIONS SCHEMA is {schema!r} but SLOTD_SCHEMA is "
+            f"{default_schema()!r}: run the worker with manage.py slotd run"
+        )
     return reg
 
 
@@ -230,7 +240,8 @@ def _maybe_prune(backend: Any) -> None:
     try:
         with transaction.atomic(using=backend.database), results.cursor(backend.database) as c:
             params = {"chore": PRUNE_CHORE, "period_s": PRUNE_PERIOD.total_seconds() * 0.95}
-            elected = repository.execute(c, "elect_chore", params).fetchone() is not None
+            found = repository.execute(c, "elect_chore", params, schema=backend.schema)
+            elected = found.fetchone() is not None
         if elected:
             pruned = results.prune(backend.database, backend.result_retention)
             log.info("pruned %d django task results", pruned, extra={"pruned": pruned})

@@ -45,8 +45,17 @@ class Command(BaseCommand):
                     "run manage.py migrate"
                 )
             url = database.conninfo(alias)
+            schema = database.schema_of(alias)
+            given = os.environ.get("SLOTD_SCHEMA", "").strip()
+            if given and given != schema:
+                raise ConfigError(
+                    f"SLOTD_SCHEMA {given!r} is not the TASKS backends' schema {schema!r} "
+                    "(OPTIONS SCHEMA): unset one of them"
+                )
         except ConfigError as exc:
             raise CommandError(str(exc), returncode=2) from None
+        # Every process of the worker (slots, runners) reads its schema from here.
+        os.environ["SLOTD_SCHEMA"] = schema
         # An explicit SLOTD_DATABASE_URL still wins (a pooler in front, say); `slotd run`
         # warns when it names another database than DATABASES does.
         os.environ.setdefault("SLOTD_DATABASE_URL", url)
