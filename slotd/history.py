@@ -37,9 +37,11 @@ class RecentOutcomes:
         return {"minutes": self.minutes, "by_outcome": self.by_outcome, "by_type": self.by_type}
 
 
-def recent_outcomes(target: Executor, minutes: int = STORM_WINDOW_MINUTES) -> RecentOutcomes:
+def recent_outcomes(
+    target: Executor, minutes: int = STORM_WINDOW_MINUTES, *, schema: str | None = None
+) -> RecentOutcomes:
     out = RecentOutcomes(minutes)
-    for task_type, outcome, count in record.recent_outcomes(target, minutes):
+    for task_type, outcome, count in record.recent_outcomes(target, minutes, schema=schema):
         out.by_outcome[outcome] = out.by_outcome.get(outcome, 0) + int(count)
         out.by_type.setdefault(task_type, {})[outcome] = int(count)
     return out

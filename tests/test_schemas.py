@@ -287,6 +287,7 @@ def test_two_fleets_in_two_schemas_drain_their_own_tasks_only(
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
         assert report["pending"] == {"sc.later": count}
+        assert report["schema"] == schema
         assert report["running"] == {}
     # public holds nothing of slotd: a command there says so, in one line, exit 2.
     done = status(url, None)
@@ -398,3 +399,41 @@ def test_the_readmes_move_to_a_schema_keeps_every_task(empty_db: str) -> None:
     assert report.exit_code == 0, report.output
     counts = json.loads(report.output)
     assert (counts["pending"], counts["dead"]) == ({"t.move": 3}, {"t.move": 1})
+
+
+# the dashboard
+
+
+def test_the_dashboards_pages_read_SLOTD_SCHEMA(
+    empty_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import warnings
+
+    pytest.importorskip("starlette", reason="the dashboard needs the web extra")
+    with warnings.catch_warnings():
+        # Starlette 1.x would rather its test client ran on httpx2; httpx works the same.
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+
+    from slotd.web import create_app
+    from slotd.web.settings import DashboardSettings
+
+    monkeypatch.setenv("SLOTD_SCHEMA", "ops_jobs")
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        repository.migrate(conn)
+        live = slotd.enqueue(conn, "ops.report", {"n": 1})
+        gone = slotd.enqueue(conn, "ops.audit", {}, max_attempts=1)
+        conn.execute(
+            "UPDATE \"ops_jobs\".slotd_tasks SET attempt_count = 1, last_error = 'boom'"
+            " WHERE id = %s",
+            (gone,),
+        )
+        assert slotd_in(conn, "public") == []
+    app = create_app(empty_db, settings=DashboardSettings(actions=True))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        pages = {path: client.get(path) for path in ("/", "/tasks", "/dead", "/running")}
+        pages["task"] = client.get(f"/tasks/{live}")
+        pages["schedules"] = client.get("/schedules")
+        assert {path: page.status_code for path, page in pages.items()} == dict.fromkeys(pages, 200)
+        assert "ops.report" in pages["/tasks"].text and "ops.audit" in pages["/dead"].text
+        client.app.state.dashboard.close()  # type: ignore[attr-defined]

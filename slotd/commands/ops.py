@@ -123,11 +123,13 @@ def status(ctx: click.Context, as_json: bool) -> None:
         limits = declared_limits(replicas)
         gauges = repo.gauges(limits)
         by_type = repo.oldest_due_by_type()
-        paused = paused_types(repo.read)
-        recent = recent_outcomes(repo.read)
+        paused = paused_types(repo.read, schema=repo.schema)
+        recent = recent_outcomes(repo.read, schema=repo.schema)
+        schema = repo.schema
     types = sorted(set(gauges["pending"]) | set(gauges["running"]) | set(gauges["dead"]))
     if as_json:
         report = {
+            "schema": schema,
             **gauges,
             "paused": {p.pop("task_type"): p for p in paused},
             "limits": {
@@ -142,6 +144,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
         }
         click.echo(_dump(report))
         return
+    if schema != "public":
+        click.echo(f"schema: {schema}")
     if types:
         rows = [
             (
