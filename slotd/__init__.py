@@ -3,7 +3,7 @@
 from slotd.errors import Cancelled, DeadlineExceeded, LeaseLost, SchemaNotMigrated, SlotdError
 from slotd.outcome import Outcome
 from slotd.registry import Registry
-from slotd.repository import NewTask
+from slotd.repository import NewTask, UnknownParents
 from slotd.task import Context, Task
 
 __all__ = [
@@ -18,6 +18,9 @@ __all__ = [
     "SlotdError",
     "Task",
     "TaskResult",
+    "UnknownParents",
+    "batch",
+    "batch_async",
     "cancel",
     "enqueue",
     "enqueue_async",
@@ -32,6 +35,7 @@ __all__ = [
 ]
 __version__ = "0.2.0.dev0"
 
+from slotd.batches import batch, batch_async  # noqa: E402
 from slotd.control import cancel, pause, resume  # noqa: E402
 from slotd.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async  # noqa: E402
 from slotd.results import (  # noqa: E402

@@ -25,8 +25,26 @@ nothing, and is told so (`lost`).
              gone stores nothing, and a dead slot's success is stored by the supervisor
              from the value in its last words. Plain types keep the plain statements: a
              stored result costs its types only;
+             a linked task (one with dependants, marked by their enqueue, or of a batch)
+             is settled by `dequeue_linked`: the same fenced delete also writes its value
+             on each edge and makes due each dependant it was the last parent of, so a
+             dependant is released exactly when its last parent's success commits, and
+             counts the end in its batch (`batch_counted`), whose last end enqueues the
+             batch's callback in that same statement: exactly once, since only the
+             statement that empties the batch's last stripe does it, and a fenced write
+             that matched nothing counts nothing. The plain statements refuse a linked row
+             ({unlinked}): a dependant enqueued while its parent ran, after the claim said
+             "no dependants", is then settled by the linked statement on a second try,
+             never deleted unseen;
   failure    backoff from the attempt the claim burnt, the error kept (`record_failure`);
-             a dead letter when that was the last attempt;
+             a dead letter when that was the last attempt; a linked task's dead letter
+             cancels its dependants, transitively, in the same statement, and counts
+             every task that ended so in its batch (`record_failure_linked`; refused plain
+             writes retried so, as for done). Every other statement that ends a task
+             counts it as well: `release` when it makes the dead letter (and cancels the
+             dependants), `cancel` of a task not running, `settle_cancelled`, and the
+             cascades of a cancel (`cancel_dependants`). `dead retry` takes a task out of
+             its batch: the batch counted its end already;
   timeout    the same write, for a handler past its deadline or killed by the watchdog;
   crashed    the same write, for a runner that died under the handler;
   continued  a slice that returned False: released and due at once after an advance
@@ -77,7 +95,7 @@ from slotd.errors import LeaseLost
 from slotd.ledger import Ledger
 from slotd.outcome import Outcome, Result
 from slotd.registry import Registry
-from slotd.repository import Claimed, Repository
+from slotd.repository import Claimed, Failure, Repository
 
 log = logging.getLogger("slotd.lifecycle")
 
@@ -150,6 +168,9 @@ def settle(
                 extra={**_fields(claimed, result), "outcome": str(Outcome.CANCELLED)},
             )
             return Settlement(Outcome.CANCELLED, True, result.duration)
+        if result.kind == kinds.DONE and claimed.linked:
+            repo.dequeue_linked(task_id, token, result.value, result.keep_s)
+            return _done(Outcome.SUCCESS, claimed, result, logger)
         if result.kind == kinds.DONE and then_claim and then_claim[0]:
             try:
                 nxt = repo.dequeue_and_claim(
@@ -158,13 +179,17 @@ def settle(
                 if answer_lost is not None:
                     answer_lost(repo)
             except LeaseLost as exc:
-                lost = _done(Outcome.LOST, claimed, result, logger)
+                outcome = _as_linked(repo, claimed, result)
+                lost = _done(outcome, claimed, result, logger)
                 return replace(lost, next=exc.next_claim, claim_tried=True)  # type: ignore[arg-type]
             return replace(
                 _done(Outcome.SUCCESS, claimed, result, logger), next=nxt, claim_tried=True
             )
         if result.kind == kinds.DONE:
-            repo.dequeue(task_id, token, kept=_kept(result))
+            try:
+                repo.dequeue(task_id, token, kept=_kept(result))
+            except LeaseLost:
+                return _done(_as_linked(repo, claimed, result), claimed, result, logger)
             return _done(Outcome.SUCCESS, claimed, result, logger)
         if result.kind in (kinds.CONTINUE, kinds.SHUTDOWN) or (
             shutting_down and result.kind == kinds.ERROR
@@ -172,14 +197,14 @@ def settle(
             return _release(repo, claimed, result, shutting_down, logger, backoff)
         if result.kind == kinds.KILLED or (result.kind == kinds.ERROR and result.past_deadline):
             text = _error_text(result, "deadline exceeded")
-            failure = repo.record_failure(task_id, token, text, **backoff)
+            failure = _fail(repo, claimed, text, backoff)
             return _done(Outcome.TIMEOUT, claimed, result, logger, failure.dead)
         if result.kind == kinds.CRASHED:
             text = _error_text(result, "runner crashed")
-            failure = repo.record_failure(task_id, token, text, **backoff)
+            failure = _fail(repo, claimed, text, backoff)
             return _done(Outcome.CRASHED, claimed, result, logger, failure.dead)
         text = _error_text(result, "handler failed")
-        failure = repo.record_failure(task_id, token, text, **backoff)
+        failure = _fail(repo, claimed, text, backoff)
         return _done(Outcome.FAILURE, claimed, result, logger, failure.dead)
     except LeaseLost:
         return _done(Outcome.LOST, claimed, result, logger)
@@ -187,6 +212,32 @@ def settle(
         raise  # the connection, not the data: the slot reconnects and tries again
     except Exception as exc:  # noqa: BLE001 - whatever the database refused is the task's
         return _unsettled(repo, claimed, result, exc, logger, backoff)
+
+
+def _as_linked(repo: Repository, claimed: Claimed, result: Result) -> Outcome:
+    """A plain success refused: the row may have gained dependants since its claim, or its
+    claim was rebuilt from last words without the marks (the lease is still ours then);
+    settle it by the linked statement, else it is lost."""
+    if claimed.linked:
+        return Outcome.LOST
+    try:
+        repo.dequeue_linked(claimed.id, claimed.token, result.value, result.keep_s)
+    except LeaseLost:
+        return Outcome.LOST
+    return Outcome.SUCCESS
+
+
+def _fail(
+    repo: Repository, claimed: Claimed, text: str, backoff: dict[str, timedelta | None]
+) -> Failure:
+    """record_failure, by the linked statement for a linked task, and again so when the
+    plain one is refused (dependants enqueued since the claim; see _as_linked)."""
+    if claimed.linked:
+        return repo.record_failure(claimed.id, claimed.token, text, **backoff, linked=True)
+    try:
+        return repo.record_failure(claimed.id, claimed.token, text, **backoff)
+    except LeaseLost:
+        return repo.record_failure(claimed.id, claimed.token, text, **backoff, linked=True)
 
 
 def _kept(result: Result) -> tuple[str, float] | None:
@@ -210,7 +261,7 @@ def _unsettled(
     if result.error:
         text += f"\nthe attempt's own error:\n{result.error}"
     try:
-        failure = repo.record_failure(claimed.id, claimed.token, text, **backoff)
+        failure = _fail(repo, claimed, text, backoff)
     except LeaseLost:
         return _done(Outcome.LOST, claimed, result, logger)
     return _done(Outcome.FAILURE, claimed, replace(result, error=text), logger, failure.dead)
@@ -271,7 +322,7 @@ def _continued(
         if not repo.continue_slice(claimed.id, claimed.token):
             raise LeaseLost(f"task {claimed.id}: continue refused, the lease is not ours")
         return _done(outcome, claimed, result, logger)
-    failure = repo.record_failure(claimed.id, claimed.token, NOT_ADVANCED, **backoff)
+    failure = _fail(repo, claimed, NOT_ADVANCED, backoff)
     logger.warning(
         "slice advanced nothing; backed off like a failure%s",
         " and it has reached max attempts" if failure.dead else "",

@@ -1,5 +1,5 @@
-"""Fleet chores the supervisor runs: the hourly retention of dead letters, and of stored
-results past their keep_result."""
+"""Fleet chores the supervisor runs: the hourly retention of dead letters, of stored
+results past their keep_result, and of workflow bookkeeping (edges, completed batches)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,12 @@ def prune(
                 break
         # Rate windows with no start left in them (not counted: they are not tasks).
         while repo.prune_rate_windows_batch(batch=batch) >= batch:
+            pass
+        # Edges whose dependant is gone, and batches completed before the retention (not
+        # counted: they are bookkeeping, not tasks).
+        while repo.prune_dependencies_batch(batch=batch) >= batch:
+            pass
+        while repo.prune_batches(retention.total_seconds(), batch=batch) >= batch:
             pass
         return total, None
     except Exception as exc:

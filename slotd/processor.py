@@ -73,7 +73,9 @@ def execute(handler: Handler, ctx: Context, before: Callable[[], None] | None = 
     else:
         caught = None
         kind, error = (kinds.CONTINUE, None) if returned is False else (kinds.DONE, None)
-        if handler.keep_result is not None and kind == kinds.DONE:
+        if kind == kinds.DONE and (
+            handler.keep_result is not None or not (returned is None or returned is True)
+        ):
             return _kept(handler, ctx, returned, started)
     took = time.monotonic() - started
     late = past(ctx.deadline)
@@ -82,19 +84,22 @@ def execute(handler: Handler, ctx: Context, before: Callable[[], None] | None = 
 
 
 def _kept(handler: Handler, ctx: Context, returned: Any, started: float) -> Result:
-    """A success of a type that keeps results: its return value as JSON (True and None
-    store null), else the handler's error, as a cursor that is not JSON is."""
-    assert handler.keep_result is not None
+    """A success with a value: as JSON (True and None are null). For a type that keeps
+    results a value that is not JSON is the handler's error, as a cursor that is not JSON
+    is; for any other type it is carried best-effort (a parent's value for its dependants,
+    whose enqueue may come while it runs) and dropped when it is not JSON."""
     value = None if returned is True else returned
     try:
-        text = encode_result(value, f"task {ctx.task.id}")
+        text: str | None = encode_result(value, f"task {ctx.task.id}")
     except TypeError as exc:
         took = time.monotonic() - started
+        if handler.keep_result is None:
+            return Result(kinds.DONE, None, ctx.advanced, past(ctx.deadline), took, ctx.log_fields)
         return Result(
             kinds.ERROR, _describe(exc), ctx.advanced, past(ctx.deadline), took, ctx.log_fields
         )
     took = time.monotonic() - started
-    keep = handler.keep_result.total_seconds()
+    keep = None if handler.keep_result is None else handler.keep_result.total_seconds()
     late = past(ctx.deadline)
     return Result(
         kinds.DONE, None, ctx.advanced, late, took, ctx.log_fields, value=text, keep_s=keep

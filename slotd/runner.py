@@ -177,14 +177,24 @@ def run_message(task: Task, deadline: datetime, stale_cancel: bool) -> tuple[Any
         task.key,
         task.run_at.timestamp(),
         task.trace_context,
+        task.parent_results or None,
     )
     return ("run", fields, deadline.timestamp(), stale_cancel)
 
 
 def _task(fields: tuple[Any, ...]) -> Task:
-    task_id, task_type, payload, attempt, key, run_at, trace = fields
+    task_id, task_type, payload, attempt, key, run_at, trace, parents = fields
     when = datetime.fromtimestamp(run_at, UTC)
-    return Task(task_id, task_type, payload, attempt, key, when, trace_context=trace)
+    return Task(
+        task_id,
+        task_type,
+        payload,
+        attempt,
+        key,
+        when,
+        trace_context=trace,
+        parent_results=parents or {},
+    )
 
 
 def _run(

@@ -25,6 +25,8 @@ class Task:
     # Keyword-only: Task(id, type, payload, attempt, key, run_at) keeps its meaning, and so
     # do subclasses that add fields (slotd.testing.QueuedTask).
     trace_context: Mapping[str, str] | None = field(default=None, kw_only=True)
+    # A dependant's parents' stored values, delivered by its claim (enqueue(..., after=)).
+    parent_results: dict[int, Any] = field(default_factory=dict, kw_only=True)
 
 
 _TASK_LOG = logging.getLogger("slotd.task")

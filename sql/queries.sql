@@ -39,6 +39,11 @@
 -- started_key once claimed (sql/016), out of the dedupe index.
 coalesce(t.key, t.started_key)
 
+-- fragment: shown_run_at
+-- run_at as the readers that show a row get it: NULL for a dependant waiting on its parents
+-- (run_at = 'infinity', sql/019), which a Python datetime cannot hold.
+CASE WHEN isfinite(t.run_at) THEN t.run_at END AS run_at
+
 -- fragment: retired_at
 -- When a dead letter stopped: its cancel, else its last attempt (a task cancelled before it
 -- ever ran has no attempt). Retention and the listing measure from here.
@@ -391,10 +396,11 @@ picked AS MATERIALIZED (
              AS c0(task_type, ceiling_s, max_attempts),
          LATERAL (SELECT make_interval(secs => c0.ceiling_s) AS ceiling) c
     WHERE t.id = picked.id AND c0.task_type = t.task_type
-    -- trace_context last: NULL for a task enqueued outside a span (repository.Claimed).
+    -- trace_context, has_dependants, parent_results, batch_id last, in
+    -- repository.Claimed's order.
     RETURNING t.id, t.task_type, t.payload, {task_key}, t.run_at, t.attempt_count,
               t.max_attempts, t.lease_token, t.lease_expires_at, now() AS claimed_at,
-              t.trace_context
+              t.trace_context, t.has_dependants, {parent_results}, t.batch_id
 )
 , rate_starts AS (
     -- A rated type's start counts in its windows (sql/022, within_rates): the type's own
@@ -464,20 +470,35 @@ SELECT * FROM claimed
 -- name: dequeue_claim
 -- The settlement of one task and the claim of the next in one statement: one round trip
 -- and one commit per task instead of two. The two rows are distinct (the settled one is
--- leased, so never claimable).
+-- leased, so never claimable). {unlinked}: see dequeue.
 WITH done AS (
     DELETE FROM slotd_tasks t
     WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(done_token)s::uuid
+      AND {unlinked}
     RETURNING t.id
 ), {claim_ctes}
 SELECT (SELECT count(*) FROM done) AS dequeued, c.*
 FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
 
+-- predicate: unlinked
+-- The plain settlements refuse a row that has dependants (marked by their enqueue, maybe
+-- after this attempt was claimed) or belongs to a batch; the lifecycle then settles it by
+-- the linked statements (dequeue_linked, record_failure_linked), so no dependant waits on
+-- a parent gone unseen and no batch misses the end of one of its tasks.
+(NOT t.has_dependants AND t.batch_id IS NULL)
+
+-- fragment: parent_results
+-- A dependant's claim brings its parents' stored values ({parent_id: value}); NULL for
+-- every other row (parents_left is NULL), at the cost of one CASE.
+CASE WHEN t.parents_left IS NOT NULL THEN
+    (SELECT coalesce(jsonb_object_agg(e.parent_id::text, e.value), '{}'::jsonb)
+     FROM slotd_dependencies e WHERE e.child_id = t.id) END AS parent_results
+
 -- name: dequeue
 -- A NULL token matches only an unleased row: the inline paths that enqueue and complete
 -- a task themselves.
 DELETE FROM slotd_tasks t
-WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(token)s::uuid
+WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(token)s::uuid AND {unlinked}
 
 -- fragment: results_kept
 -- The settled row's return value, stored for keep_s seconds, and the result notification
@@ -499,6 +520,7 @@ kept AS (
 WITH done AS (
     DELETE FROM slotd_tasks t
     WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(token)s::uuid
+      AND {unlinked}
     RETURNING t.id, t.task_type
 ), {results_kept}
 SELECT task_id FROM told
@@ -508,22 +530,23 @@ SELECT task_id FROM told
 WITH done AS (
     DELETE FROM slotd_tasks t
     WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(done_token)s::uuid
+      AND {unlinked}
     RETURNING t.id, t.task_type
 ), {results_kept}, {claim_ctes}
 SELECT (SELECT count(*) FROM told) AS dequeued, c.*
 FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
 
--- name: record_failure
+-- fragment: failure_backoff
 -- Capped exponential backoff from the attempt the claim already counted, shortened by up
--- to the jitter fraction so a thousand simultaneous failures do not return together. The
--- attempt that makes the dead letter sends the result notification (slotd.wait_result).
-WITH backoff AS (
-    SELECT now() + make_interval(secs =>
-        least(%(base_s)s * power(2::float8, least(greatest(t.attempt_count - 1, 0), 40)),
-              %(cap_s)s) * (1 - %(jitter)s * random())) AS run_at
-    FROM slotd_tasks t
-    WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
-), failed AS (
+-- to the jitter fraction so a thousand simultaneous failures do not return together.
+SELECT now() + make_interval(secs =>
+    least(%(base_s)s * power(2::float8, least(greatest(t.attempt_count - 1, 0), 40)),
+          %(cap_s)s) * (1 - %(jitter)s * random())) AS run_at
+FROM slotd_tasks t
+WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
+
+-- fragment: failure_written
+failed AS (
     UPDATE slotd_tasks t
     SET last_error = CASE WHEN t.cancelled_at IS NULL THEN %(error)s ELSE t.last_error END,
         dead_reason = {exhausted_reason},
@@ -534,8 +557,15 @@ WITH backoff AS (
         lease_expires_at = NULL
     FROM backoff b
     WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
-    RETURNING t.id, t.attempt_count, t.max_attempts, t.run_at
+    RETURNING t.id, t.attempt_count, t.max_attempts, t.run_at, t.batch_id,
+              t.dead_reason
 )
+
+-- name: record_failure
+-- The attempt that makes the dead letter sends the result notification (slotd.wait_result).
+WITH backoff AS (
+    {failure_backoff} AND {unlinked}
+), {failure_written}
 SELECT f.attempt_count, f.max_attempts, f.run_at
 FROM failed f
 CROSS JOIN LATERAL (
@@ -591,7 +621,11 @@ LEFT JOIN LATERAL (SELECT pg_notify('slotd_wake', '')) n ON c.retryable
 -- back, whatever it was, since nothing ran (unless it was cancelled meanwhile). A released
 -- row is due at once, so the release wakes a slot (here or on another replica) in the same
 -- transaction instead of leaving the work to the next tick.
-WITH released AS (
+-- A release that makes the dead letter of a task with dependants cancels them, as its
+-- failure would (record_failure_linked), and a batch's task is counted as ended: gated on
+-- the row's own has_dependants and batch_id, read under the row lock, so a plain task's
+-- release reads no other table.
+WITH RECURSIVE released AS (
     UPDATE slotd_tasks t
     SET lease_token = NULL,
         lease_expires_at = NULL,
@@ -607,13 +641,27 @@ WITH released AS (
         dead_attempts = CASE WHEN {refunds_final} OR {refunds_unstarted} THEN NULL
                              ELSE {exhausted_attempts} END
     WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
-    RETURNING t.id, t.attempt_count < t.max_attempts AS retryable
-)
+    RETURNING t.id, t.attempt_count < t.max_attempts AS retryable, t.has_dependants,
+              t.batch_id, t.dead_reason
+), doomed(id, root) AS (
+    SELECT e.child_id, r.id FROM released r JOIN slotd_dependencies e ON e.parent_id = r.id
+    WHERE r.has_dependants AND NOT r.retryable
+    UNION
+    SELECT e.child_id, d.root FROM slotd_dependencies e JOIN doomed d ON e.parent_id = d.id
+), {dependants_cancelled}, ended AS (
+    SELECT r.id, r.batch_id, CASE r.dead_reason WHEN 'exhausted' THEN 'failed'
+                WHEN 'expired' THEN 'expired' ELSE 'cancelled' END AS outcome
+    FROM released r WHERE r.batch_id IS NOT NULL AND NOT r.retryable
+    UNION ALL
+    SELECT c.id, c.batch_id, 'cancelled' FROM cancelled c WHERE c.batch_id IS NOT NULL
+), {batch_counted}
 SELECT r.id, NOT r.retryable AS dead FROM released r
 LEFT JOIN LATERAL (SELECT pg_notify('slotd_wake', '')) n ON r.retryable
 CROSS JOIN LATERAL (
     SELECT CASE WHEN NOT r.retryable THEN pg_notify('slotd_result', r.id::text) END
 ) ended
+CROSS JOIN (SELECT count(*) FROM told) cascaded
+CROSS JOIN (SELECT count(*) FROM batch_woken) callbacks
 
 -- fragment: live_types
 -- The types with live rows, by a loose index scan of a per-type partial index (one descent
@@ -728,6 +776,11 @@ WITH candidates AS MATERIALIZED (
 UPDATE slotd_tasks t
 SET attempt_count = 0, run_at = now(), order_at = now() - {head_start},
     lease_token = NULL, lease_expires_at = NULL, cancelled_at = NULL,
+    -- A dead letter its batch counted (a settlement wrote its reason) runs on its own now:
+    -- counting it again would end the batch twice. One that no settlement made dead (its
+    -- final lease lapsed with its whole replica gone; written by no statement, so never
+    -- counted, sql/021) stays in its batch, which completes when it ends.
+    batch_id = CASE WHEN t.dead_reason IS NULL THEN t.batch_id END,
     dead_reason = NULL, dead_attempts = NULL,
     final_attempt_refunded = false  -- a fresh start: a rollout may give one back again
 FROM chosen
@@ -881,7 +934,7 @@ SELECT set_config('max_parallel_workers_per_gather', '0', true)
 -- name: task_view
 -- Test modes' views, one row shape for all three: 'pending' (every live task), 'running'
 -- (under a live lease), both in delivery order; 'dead' (dead letters), newest first.
-SELECT t.id, t.task_type, t.payload, t.attempt_count, {task_key}, t.run_at, t.last_error,
+SELECT t.id, t.task_type, t.payload, t.attempt_count, {task_key}, {shown_run_at}, t.last_error,
        {dead} AS dead
 FROM slotd_tasks t
 WHERE (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
@@ -899,7 +952,7 @@ ORDER BY CASE WHEN %(view)s::text = 'dead' THEN t.last_attempted_at END DESC NUL
 -- leased to nobody until ceiling + margin. claimed_at: the claim's own stamp.
 SELECT t.id, t.task_type, t.payload, {task_key}, t.run_at, t.attempt_count, t.max_attempts,
        t.lease_token, t.lease_expires_at, t.last_attempted_at AS claimed_at,
-       t.trace_context
+       t.trace_context, t.has_dependants, {parent_results}, t.batch_id
 FROM slotd_tasks t
 WHERE t.lease_token = %(token)s::uuid AND {lease_live}
 
@@ -951,10 +1004,16 @@ WITH target AS (
                  ELSE format('after %%s attempt(s)', t.attempt_count) END)
     FROM target
     WHERE t.id = target.id
-    RETURNING t.id, t.task_type, t.lease_token, {lease_live} AS running
-)
+    RETURNING t.id, t.task_type, t.lease_token, {lease_live} AS running, t.batch_id
+), ended AS (
+    -- A batch's task that was not running has ended here; a running one ends when its
+    -- slot settles it (settle_cancelled, or a success if its handler finished anyway).
+    SELECT c.id, c.batch_id, 'cancelled' AS outcome FROM cancelled c
+    WHERE c.batch_id IS NOT NULL AND NOT c.running
+), {batch_counted}
 SELECT c.id, c.task_type, c.running
 FROM cancelled c
+CROSS JOIN (SELECT count(*) FROM batch_woken) callbacks
 CROSS JOIN LATERAL (
     SELECT CASE WHEN c.running THEN pg_notify('slotd_control', json_build_object(
         'op', 'cancel', 'id', c.id, 'token', c.lease_token, 'by', %(by)s::text)::text)
@@ -976,9 +1035,12 @@ WITH settled AS (
     UPDATE slotd_tasks t
     SET lease_token = NULL, lease_expires_at = NULL
     WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid AND t.cancelled_at IS NOT NULL
-    RETURNING t.id
-)
+    RETURNING t.id, t.batch_id
+), ended AS (
+    SELECT s.id, s.batch_id, 'cancelled' AS outcome FROM settled s WHERE s.batch_id IS NOT NULL
+), {batch_counted}
 SELECT s.id, pg_notify('slotd_result', s.id::text) FROM settled s
+CROSS JOIN (SELECT count(*) FROM batch_woken) callbacks
 
 -- name: pause
 -- Fleet-wide: the claim statement reads this table, so a pause needs no replica to hear of
@@ -1145,11 +1207,11 @@ LIMIT %(limit)s
 
 -- name: dash_task
 -- One task, with the replica and slot holding its lease as its replica last said.
-SELECT t.id, t.task_type, {task_key} AS key, t.payload, t.run_at,
+SELECT t.id, t.task_type, {task_key} AS key, t.payload, {shown_run_at},
        {attempts_made} AS attempt_count, t.max_attempts, t.lease_token IS NOT NULL AS leased,
        t.lease_expires_at, t.last_error, t.last_attempted_at, t.created_at, now() AS db_now,
-       t.cancelled_at, {dead_reason} AS dead_reason, {dead} AS dead, {running} AS running, {claimable} AS due,
-       h.hostname, h.pid, h.slot
+       t.cancelled_at, {dead_reason} AS dead_reason, {dead} AS dead, {running} AS running,
+       {claimable} AS due, h.hostname, h.pid, h.slot, t.batch_id, t.parents_left
 FROM slotd_tasks t
 LEFT JOIN LATERAL (
     SELECT r.hostname, r.pid, (r.leases ->> t.id::text)::int AS slot
@@ -1214,3 +1276,281 @@ LISTEN slotd_result
 
 -- name: unlisten_results
 UNLISTEN slotd_result
+
+-- name: record_failure_linked
+-- record_failure for a task with dependants or of a batch: the attempt that makes it a
+-- dead letter also cancels its dependants, and theirs (transitively), in the same
+-- statement, with a reason naming it (%(cause)s), and counts every task that ended so in
+-- its batch. No cycle can exist: a task's parents exist before it does.
+WITH RECURSIVE backoff AS (
+    {failure_backoff}
+), {failure_written}, doomed(id, root) AS (
+    SELECT e.child_id, f.id FROM slotd_dependencies e, failed f
+    WHERE e.parent_id = f.id AND f.attempt_count >= f.max_attempts
+    UNION
+    SELECT e.child_id, d.root FROM slotd_dependencies e JOIN doomed d ON e.parent_id = d.id
+), {dependants_cancelled}, ended AS (
+    SELECT f.id, f.batch_id, CASE f.dead_reason WHEN 'exhausted' THEN 'failed'
+                WHEN 'expired' THEN 'expired' ELSE 'cancelled' END AS outcome
+    FROM failed f WHERE f.batch_id IS NOT NULL AND f.attempt_count >= f.max_attempts
+    UNION ALL
+    SELECT c.id, c.batch_id, 'cancelled' FROM cancelled c WHERE c.batch_id IS NOT NULL
+), {batch_counted}
+SELECT f.attempt_count, f.max_attempts, f.run_at
+FROM failed f
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN f.attempt_count >= f.max_attempts
+                THEN pg_notify('slotd_result', f.id::text) END
+) n
+CROSS JOIN (SELECT count(*) FROM told) cascaded
+CROSS JOIN (SELECT count(*) FROM batch_woken) callbacks
+
+-- fragment: dependants_cancelled
+-- The dependants in `doomed`, cancelled as an operator's cancel would (a dead letter that
+-- no claim can take), each told on the result channel, with dead_reason 'parent_failed'
+-- (sql/021: a parent, or an ancestor, failed, was cancelled or expired; the text says
+-- which) and the attempts they really ran. %(cause)s: a format() text whose
+-- %s is the ended task it waited on, directly or through its parents (`root`).
+cancelled AS (
+    UPDATE slotd_tasks t
+    SET attempt_count = greatest(t.attempt_count, t.max_attempts),
+        dead_reason = 'parent_failed',
+        dead_attempts = t.attempt_count,
+        cancelled_at = now(),
+        last_error = format(%(cause)s::text, d.root)
+    FROM (SELECT DISTINCT ON (x.id) x.id, x.root FROM doomed x ORDER BY x.id, x.root) d
+    WHERE t.id = d.id AND {live}
+    RETURNING t.id, t.batch_id
+), told AS (
+    SELECT c.id, pg_notify('slotd_result', c.id::text) FROM cancelled c
+)
+
+-- name: cancel_dependants
+-- The dependants of tasks an operator cancelled (slotd.cancel), transitively, in the
+-- cancel's own transaction, each counted in its batch.
+WITH RECURSIVE doomed(id, root) AS (
+    SELECT e.child_id, e.parent_id FROM slotd_dependencies e
+    WHERE e.parent_id = ANY(%(ids)s::bigint[])
+    UNION
+    SELECT e.child_id, d.root FROM slotd_dependencies e JOIN doomed d ON e.parent_id = d.id
+), {dependants_cancelled}, ended AS (
+    SELECT c.id, c.batch_id, 'cancelled' AS outcome FROM cancelled c
+    WHERE c.batch_id IS NOT NULL
+), {batch_counted}
+SELECT (SELECT count(*) FROM told), (SELECT count(*) FROM batch_woken)
+
+-- name: dequeue_linked
+-- The success of a task with dependants or of a batch: the delete (fenced), its result
+-- where its type keeps one (keep_s not NULL), its value on every edge to a dependant, each
+-- dependant whose last parent this was made due now (run_at from 'infinity'; its
+-- priority's head start kept: order_at = now() - priority x step), with one wake, and its
+-- end counted in its batch (which may enqueue the batch's callback): one statement.
+WITH done AS (
+    DELETE FROM slotd_tasks t
+    WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(token)s::uuid
+    RETURNING t.id, t.task_type, t.batch_id
+), kept AS (
+    INSERT INTO slotd_results (task_id, task_type, value, expires_at)
+    SELECT d.id, d.task_type, %(value)s::jsonb, now() + make_interval(secs => %(keep_s)s)
+    FROM done d WHERE %(keep_s)s::float8 IS NOT NULL
+    RETURNING task_id
+), edges AS (
+    UPDATE slotd_dependencies e SET parent_done = true, value = %(value)s::jsonb
+    FROM done d WHERE e.parent_id = d.id AND NOT e.parent_done
+    RETURNING e.child_id
+), released AS (
+    UPDATE slotd_tasks t
+    SET parents_left = t.parents_left - 1,
+        run_at = CASE WHEN t.parents_left <= 1 THEN now() ELSE t.run_at END,
+        order_at = CASE WHEN t.parents_left <= 1
+                        THEN now() - make_interval(secs => t.priority * %(step_s)s)
+                        ELSE t.order_at END
+    FROM edges e
+    WHERE t.id = e.child_id AND t.parents_left > 0
+    RETURNING t.id, t.parents_left
+), ended AS (
+    SELECT d.id, d.batch_id, 'succeeded' AS outcome FROM done d WHERE d.batch_id IS NOT NULL
+), {batch_counted}
+SELECT (SELECT count(*) FROM done) AS dequeued,
+       (SELECT count(*) FROM released r WHERE r.parents_left = 0) AS released
+FROM (SELECT count(*) FROM (SELECT pg_notify('slotd_wake', '') FROM released r
+                            WHERE r.parents_left = 0 LIMIT 1) w) wake,
+     (SELECT count(*) FROM (SELECT pg_notify('slotd_result', k.task_id::text)
+                            FROM kept k) k) told,
+     (SELECT count(*) FROM batch_woken) callbacks
+
+-- name: depend_parents
+-- A dependant's enqueue, first: its parents marked (has_dependants, so their settlement
+-- takes the parent's statements) and locked to the enqueue's commit, so none settles
+-- unseen meanwhile. Only live parents count; the caller refuses the rest.
+UPDATE slotd_tasks t SET has_dependants = true
+WHERE t.id = ANY(%(parents)s::bigint[]) AND {live}
+RETURNING t.id
+
+-- name: depend_children
+-- Then, after the dependants' own insert: each made to wait (run_at = order_at = infinity:
+-- not due, behind every discovery window) on its parents, with an edge per pair.
+WITH children AS (
+    UPDATE slotd_tasks t
+    SET run_at = 'infinity', order_at = 'infinity',
+        parents_left = cardinality(%(parents)s::bigint[])
+    WHERE t.id = ANY(%(children)s::bigint[])
+    RETURNING t.id
+)
+INSERT INTO slotd_dependencies (parent_id, child_id)
+SELECT p.id, c.id FROM unnest(%(parents)s::bigint[]) AS p(id) CROSS JOIN children c
+
+-- name: dependencies_prune
+-- The retention chore: edges whose dependant is gone (settled, or its dead letter pruned).
+DELETE FROM slotd_dependencies e
+WHERE (e.parent_id, e.child_id) IN (
+    SELECT x.parent_id, x.child_id FROM slotd_dependencies x
+    WHERE NOT EXISTS (SELECT FROM slotd_tasks t WHERE t.id = x.child_id)
+    LIMIT %(batch)s
+)
+
+-- name: dependency_edges
+-- A task's parents and dependants, for the dashboard's task page.
+SELECT 'parent' AS side, e.parent_id AS id, e.parent_done AS done FROM slotd_dependencies e
+WHERE e.child_id = %(id)s
+UNION ALL
+SELECT 'dependant', e.child_id, e.parent_done FROM slotd_dependencies e
+WHERE e.parent_id = %(id)s
+
+-- fragment: batch_counted
+-- The ends of a batch's tasks, from the statement's `ended(id, batch_id, outcome)` (outcome
+-- succeeded / failed / cancelled / expired): counted on each task's stripe (id modulo 16,
+-- sql/020), never by a count over the batch. A stripe whose last task this was moves its
+-- counts to the batch and takes one off stripes_left, once the batch is sealed (its block
+-- ended; before that only the enqueueing transaction sees its tasks, and the seal counts
+-- the stripes already done). The statement that takes the last one off enqueues the
+-- callback, payload + {"batch": counts}, with one wake: exactly once, in the transaction
+-- that settled the batch's last task. The batch row's lock orders those statements; its
+-- counts are the row's own (re-read under the lock), never another statement's snapshot.
+stripe_counts AS (
+    UPDATE slotd_batch_stripes s
+    SET remaining = s.remaining - e.n,
+        succeeded = s.succeeded + e.succeeded, failed = s.failed + e.failed,
+        cancelled = s.cancelled + e.cancelled, expired = s.expired + e.expired
+    FROM (SELECT x.batch_id, (x.id %% 16)::smallint AS stripe, count(*)::int AS n,
+                 count(*) FILTER (WHERE x.outcome = 'succeeded')::int AS succeeded,
+                 count(*) FILTER (WHERE x.outcome = 'failed')::int AS failed,
+                 count(*) FILTER (WHERE x.outcome = 'cancelled')::int AS cancelled,
+                 count(*) FILTER (WHERE x.outcome = 'expired')::int AS expired
+          FROM ended x WHERE x.batch_id IS NOT NULL
+          GROUP BY x.batch_id, (x.id %% 16)::smallint) e
+    WHERE s.batch_id = e.batch_id AND s.stripe = e.stripe
+    RETURNING s.batch_id, s.remaining, s.succeeded, s.failed, s.cancelled, s.expired
+), batch_counts AS (
+    UPDATE slotd_batches b
+    SET stripes_left = b.stripes_left - f.n,
+        succeeded = b.succeeded + f.succeeded, failed = b.failed + f.failed,
+        cancelled = b.cancelled + f.cancelled, expired = b.expired + f.expired,
+        completed_at = CASE WHEN b.stripes_left = f.n THEN now() END,
+        callback_id = CASE WHEN b.stripes_left = f.n
+                           THEN nextval(pg_get_serial_sequence('slotd_tasks', 'id')) END
+    FROM (SELECT c.batch_id, count(*)::int AS n, sum(c.succeeded)::int AS succeeded,
+                 sum(c.failed)::int AS failed, sum(c.cancelled)::int AS cancelled,
+                 sum(c.expired)::int AS expired
+          FROM stripe_counts c WHERE c.remaining = 0 GROUP BY c.batch_id) f
+    WHERE b.id = f.batch_id AND b.stripes_left IS NOT NULL
+    RETURNING b.*
+), {batch_callback}
+
+-- fragment: batch_callback
+-- A completed batch's callback (from `batch_counts`, or the seal of a batch with nothing
+-- left to wait for): an ordinary task, due now, under the batch's attempt threshold.
+batch_callbacks AS (
+    INSERT INTO slotd_tasks (id, task_type, payload, run_at, order_at, max_attempts,
+                             max_attempts_explicit)
+    SELECT c.callback_id, c.callback_type,
+           c.callback_payload || jsonb_build_object('batch', jsonb_build_object(
+               'id', c.id, 'succeeded', c.succeeded, 'failed', c.failed,
+               'cancelled', c.cancelled, 'expired', c.expired)),
+           now(), now(), c.max_attempts, c.max_attempts_explicit
+    FROM batch_counts c WHERE c.callback_id IS NOT NULL
+    RETURNING id
+), batch_woken AS (
+    SELECT pg_notify('slotd_wake', '') FROM (SELECT 1 FROM batch_callbacks LIMIT 1) w
+)
+
+-- name: batch_open
+-- slotd.batch's block starts: the batch row, in the caller's transaction.
+INSERT INTO slotd_batches (callback_type, callback_payload, max_attempts,
+                           max_attempts_explicit)
+VALUES (%(task_type)s, %(payload)s::jsonb, %(max_attempts)s, %(explicit)s)
+RETURNING id
+
+-- name: batch_join
+-- Tasks just inserted by the batch's block join it: each counted on its stripe, the batch's
+-- total raised. Nobody else sees them before the block's transaction commits.
+WITH joined AS (
+    UPDATE slotd_tasks t SET batch_id = %(batch)s
+    WHERE t.id = ANY(%(ids)s::bigint[]) AND t.batch_id IS NULL
+    RETURNING t.id
+), stripes AS (
+    INSERT INTO slotd_batch_stripes AS s (batch_id, stripe, remaining)
+    SELECT %(batch)s, (j.id %% 16)::smallint, count(*) FROM joined j
+    GROUP BY (j.id %% 16)::smallint
+    ON CONFLICT (batch_id, stripe) DO UPDATE SET remaining = s.remaining + excluded.remaining
+)
+UPDATE slotd_batches b SET total = b.total + (SELECT count(*) FROM joined)
+WHERE b.id = %(batch)s
+RETURNING b.total
+
+-- name: batch_seal
+-- The block ended: from now on a stripe that empties counts towards the batch's end. The
+-- stripes already empty (tasks the test modes ran inside the block) are counted here; a
+-- batch with nothing left (empty, or all ended already) enqueues its callback now.
+WITH batch_counts AS (
+    UPDATE slotd_batches b
+    SET stripes_left = f.left_n, sealed_at = now(),
+        succeeded = f.succeeded, failed = f.failed, cancelled = f.cancelled, expired = f.expired,
+        completed_at = CASE WHEN f.left_n = 0 THEN now() END,
+        callback_id = CASE WHEN f.left_n = 0
+                           THEN nextval(pg_get_serial_sequence('slotd_tasks', 'id')) END
+    FROM (SELECT count(*) FILTER (WHERE s.remaining > 0)::int AS left_n,
+                 coalesce(sum(s.succeeded) FILTER (WHERE s.remaining = 0), 0)::int AS succeeded,
+                 coalesce(sum(s.failed) FILTER (WHERE s.remaining = 0), 0)::int AS failed,
+                 coalesce(sum(s.cancelled) FILTER (WHERE s.remaining = 0), 0)::int AS cancelled,
+                 coalesce(sum(s.expired) FILTER (WHERE s.remaining = 0), 0)::int AS expired
+          FROM slotd_batch_stripes s WHERE s.batch_id = %(batch)s) f
+    WHERE b.id = %(batch)s AND b.stripes_left IS NULL
+    RETURNING b.*
+), {batch_callback}
+SELECT c.total, c.callback_id FROM batch_counts c
+CROSS JOIN (SELECT count(*) FROM batch_woken) callbacks
+
+-- name: batches_in_flight
+-- slotd status and the dashboard: sealed batches not yet complete, with how many of their
+-- tasks ended (at most 16 stripe rows each).
+SELECT b.id, b.callback_type, b.total,
+       (SELECT coalesce(sum(s.succeeded + s.failed + s.cancelled + s.expired), 0)::int
+        FROM slotd_batch_stripes s WHERE s.batch_id = b.id) AS done,
+       extract(epoch FROM now() - b.created_at)::float8 AS age_s
+FROM slotd_batches b
+WHERE b.completed_at IS NULL AND b.stripes_left IS NOT NULL
+ORDER BY b.id
+LIMIT %(limit)s
+
+-- name: batch_of
+-- One batch: its counts while in flight (from its stripes) and once complete.
+SELECT b.id, b.callback_type, b.total,
+       (SELECT coalesce(sum(s.succeeded + s.failed + s.cancelled + s.expired), 0)::int
+        FROM slotd_batch_stripes s WHERE s.batch_id = b.id) AS done,
+       b.succeeded, b.failed, b.cancelled, b.expired, b.callback_id, b.created_at,
+       b.completed_at
+FROM slotd_batches b WHERE b.id = %(id)s
+
+-- name: batches_prune
+-- The retention chore: batches completed longer ago than the retention, with their stripes.
+WITH gone AS (
+    DELETE FROM slotd_batches b
+    WHERE b.id IN (SELECT x.id FROM slotd_batches x
+                   WHERE x.completed_at < now() - make_interval(secs => %(older_than_s)s)
+                   ORDER BY x.completed_at LIMIT %(batch)s)
+    RETURNING b.id
+), stripes AS (
+    DELETE FROM slotd_batch_stripes s USING gone g WHERE s.batch_id = g.id
+)
+SELECT count(*) FROM gone

@@ -93,12 +93,14 @@ UNION ALL
 -- ordering indexes lead with the type, sql/011), so each live type (a loose index scan)
 -- gives its first rows after the cursor from slotd_tasks_due_by_type and the page is the
 -- first of those: types x the page size index entries at most, at any depth. A type, ids
--- or a key narrow it, as on the dead-letter page.
+-- or a key narrow it, as on the dead-letter page. A dependant waiting on its parents
+-- (run_at infinity) comes last, shown with no due time; a cursor without a time is one.
 WITH {live_types}
 SELECT p.* FROM live_types l
 CROSS JOIN LATERAL (
-    SELECT t.id, t.task_type, {task_key} AS key, t.run_at, t.attempt_count, t.max_attempts, t.priority,
-           {running} AS running, t.cancelled_at IS NOT NULL AS cancelled, now() AS db_now
+    SELECT t.id, t.task_type, {task_key} AS key, {shown_run_at}, t.attempt_count, t.max_attempts,
+           t.priority, {running} AS running, t.cancelled_at IS NOT NULL AS cancelled,
+           now() AS db_now
     FROM slotd_tasks t
     WHERE t.task_type = l.task_type AND {retryable}
       AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
@@ -106,13 +108,14 @@ CROSS JOIN LATERAL (
            OR ((t.key = %(key)s OR t.started_key = %(key)s)
                AND t.task_type = ANY(%(key_types)s::text[])))
       AND (%(after_id)s::bigint IS NULL
-           OR (t.run_at, t.id) > (%(after_at)s::timestamptz, %(after_id)s::bigint))
+           OR (t.run_at, t.id)
+              > (coalesce(%(after_at)s::timestamptz, 'infinity'), %(after_id)s::bigint))
     ORDER BY t.run_at, t.id
     LIMIT %(limit)s
 ) p
 WHERE l.task_type IS NOT NULL
   AND (%(task_type)s::text IS NULL OR l.task_type = %(task_type)s)
-ORDER BY p.run_at, p.id
+ORDER BY p.run_at NULLS LAST, p.id
 LIMIT %(limit)s
 
 -- name: history_sample

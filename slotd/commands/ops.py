@@ -24,7 +24,8 @@ from slotd.history import ALARM_REASONS, recent_outcomes
 from slotd.maintenance import prune
 from slotd.payload import encode
 from slotd.registry import validate_type_name
-from slotd.repository import Repository, paused_types
+from slotd.repository import Repository, UnknownParents, paused_types
+from slotd.repository.batches import batches_in_flight
 
 RETRY_BATCH = 1000
 PURGE_BATCH = 5000
@@ -112,6 +113,9 @@ def _check_ids(repo: Repository, ids: Sequence[int]) -> None:
 
 # status
 
+# The oldest batches in flight shown (a sealed batch not yet complete); "N+" past it.
+BATCHES_SHOWN = 20
+
 
 @click.command("status")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
@@ -126,6 +130,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         paused = paused_types(repo.read, schema=repo.schema)
         recent = recent_outcomes(repo.read, schema=repo.schema)
         schema = repo.schema
+        batches = batches_in_flight(repo.read, limit=BATCHES_SHOWN, schema=repo.schema)
     types = sorted(set(gauges["pending"]) | set(gauges["running"]) | set(gauges["dead"]))
     if as_json:
         report = {
@@ -141,6 +146,16 @@ def status(ctx: click.Context, as_json: bool) -> None:
             "replicas": replicas,
             "slots": sum(r["slots"] for r in replicas),
             "outcomes": recent.as_json(),
+            "batches": [
+                {
+                    "id": b.id,
+                    "on_complete": b.callback_type,
+                    "done": b.done,
+                    "total": b.total,
+                    "age_seconds": b.age_s,
+                }
+                for b in batches
+            ],
         }
         click.echo(_dump(report))
         return
@@ -176,6 +191,12 @@ def status(ctx: click.Context, as_json: bool) -> None:
         ]
         click.echo(f"paused: {len(paused)} type{'s' if len(paused) != 1 else ''}")
         table = _table(("TYPE", "BY", "SINCE", "UNTIL"), rows)
+        click.echo("\n".join("  " + line for line in table.splitlines()))
+    if batches:
+        more = "+" if len(batches) >= BATCHES_SHOWN else ""
+        click.echo(f"batches in flight: {len(batches)}{more}")
+        rows = [(b.id, b.callback_type, f"{b.done}/{b.total}", _ago(b.age_s)) for b in batches]
+        table = _table(("BATCH", "ON COMPLETE", "DONE", "AGE"), rows)
         click.echo("\n".join("  " + line for line in table.splitlines()))
     slots = sum(r["slots"] for r in replicas)
     click.echo(f"replicas: {len(replicas)} live, {slots} slots{fleet_versions(replicas)}")
@@ -293,6 +314,7 @@ def _running(count: int, limit: tuple[int | None, int | None] | None) -> str | i
     show_default=True,
     help="With --key: dedupe against a live task (pending or running), or a pending one only.",
 )
+@click.option("--after", type=int, multiple=True, help="Run once this task succeeded (repeatable).")
 @click.pass_context
 def enqueue(
     ctx: click.Context,
@@ -304,6 +326,7 @@ def enqueue(
     priority: int,
     group: str | None,
     unique: str,
+    after: tuple[int, ...],
 ) -> None:
     """Add one task and commit it; prints its id (or the live task's id with that key)."""
     name = _task_type(task_type) or task_type
@@ -329,18 +352,24 @@ def enqueue(
         raise ConfigError("bad --group: empty (leave it out for a task without a group)")
     if unique == "pending" and key is None:
         raise ConfigError("bad --unique pending: it needs a --key")
+    if after and (key is not None or wait):
+        raise ConfigError("bad --after: it cannot be combined with --key or --delay")
     with _repository(ctx, "enqueue") as repo, repo.write.transaction():
-        task_id = enqueue_task(
-            repo.write,
-            name,
-            body,
-            delay=wait,
-            key=key,
-            max_attempts=max_attempts,
-            priority=priority,
-            group=group,
-            unique=unique,
-        )
+        try:
+            task_id = enqueue_task(
+                repo.write,
+                name,
+                body,
+                delay=wait,
+                key=key,
+                max_attempts=max_attempts,
+                priority=priority,
+                group=group,
+                unique=unique,
+                after=list(after) or None,
+            )
+        except UnknownParents as exc:
+            raise SlotdError(str(exc)) from None
     click.echo(str(task_id))
 
 

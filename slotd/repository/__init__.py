@@ -12,6 +12,8 @@ concern:
 - schedules: periodic schedules
 - testmodes: the test modes' views and clock
 - dashboard: the web dashboard's reads
+- dependencies: enqueue(..., after=): parents marked, dependants waiting, cancels cascaded
+- batches: slotd.batch: the batch row, its tasks joining it, the seal, the operators' reads
 - results: stored results (slotd.result), their notifications and their prune
 - sessions: liveness, LISTEN/NOTIFY, lock waits of one connection's session
 
@@ -20,6 +22,7 @@ importable from `slotd.repository`."""
 
 from __future__ import annotations
 
+from slotd.repository.batches import BatchInFlight, BatchState, BatchStore
 from slotd.repository.control import (
     CONTROL_CHANNEL,
     CancelledTask,
@@ -30,6 +33,7 @@ from slotd.repository.control import (
     resume_type,
 )
 from slotd.repository.dashboard import DashboardReads
+from slotd.repository.dependencies import DependencyStore, UnknownParents
 from slotd.repository.fleet import Fleet
 from slotd.repository.lanes import Lanes
 from slotd.repository.named import _BLOCK as _BLOCK
@@ -95,9 +99,13 @@ __all__ = [
     "RESULT_CHANNEL",
     "WAKE_CHANNEL",
     "AsyncExecutor",
+    "BatchInFlight",
+    "BatchState",
+    "BatchStore",
     "CancelledTask",
     "Claimed",
     "DashboardReads",
+    "DependencyStore",
     "Executor",
     "Failure",
     "Fleet",
@@ -110,6 +118,7 @@ __all__ = [
     "Repository",
     "ResultStore",
     "Schedules",
+    "UnknownParents",
     "array_literal",
     "backend_pid",
     "cancel_backend",
@@ -141,6 +150,15 @@ __all__ = [
 ]
 
 
-class Repository(QueueProtocol, OperatorControl, Fleet, Schedules, Inspection, ResultStore):
+class Repository(
+    QueueProtocol,
+    OperatorControl,
+    Fleet,
+    Schedules,
+    Inspection,
+    ResultStore,
+    DependencyStore,
+    BatchStore,
+):
     """The queue on one worker's connections: discovery on the read lane, claims and
     fenced settlements on the write lane, each write bounded by SET LOCAL timeouts."""

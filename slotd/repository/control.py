@@ -158,7 +158,12 @@ def cancel_tasks(
         "batch": batch,
     }
     rows = target.execute(_sql("cancel", schema), params).fetchall()
-    return [CancelledTask(*row) for row in rows]
+    cancelled = [CancelledTask(*row) for row in rows]
+    if cancelled:  # their dependants, transitively, in the same transaction
+        ids = [t.id for t in cancelled]
+        cause = f"cancelled: task %s, which it waits on, was cancelled by {by.replace('%', '%%')}"
+        target.execute(_sql("cancel_dependants", schema), {"ids": ids, "cause": cause})
+    return cancelled
 
 
 def pause_type(

@@ -8,8 +8,11 @@ from typing import Any
 
 import psycopg
 
+from slotd.repository.batches import BatchState, batch_of
 from slotd.repository.control import OperatorControl, paused_types
+from slotd.repository.dependencies import edges
 from slotd.repository.named import _dicts, _sql, qualified, resolve_schema
+from slotd.repository.results import result_of
 from slotd.repository.schedules import Schedules
 
 
@@ -52,6 +55,20 @@ class DashboardReads:
     def task(self, task_id: int) -> dict[str, Any] | None:
         rows = _dicts(self.conn.execute(_sql("dash_task", self.schema), {"id": task_id}))
         return rows[0] if rows else None
+
+    def workflow(self, task_id: int) -> dict[str, Any]:
+        """A task's place in workflows: its result (slotd.result's state, value, error),
+        its parents and dependants (each with whether the parent succeeded), its batch."""
+        found = result_of(self.conn, task_id, schema=self.schema)
+        linked = edges(self.conn, task_id, schema=self.schema)
+        return {
+            "result": found,
+            "parents": linked["parent"],
+            "dependants": linked["dependant"],
+        }
+
+    def batch(self, batch_id: int) -> BatchState | None:
+        return batch_of(self.conn, batch_id, schema=self.schema)
 
     def dead_count(self, task_type: str | None) -> int:
         params = {"task_type": task_type, "cap": self.COUNT_CAP}

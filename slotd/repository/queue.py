@@ -14,7 +14,12 @@ from slotd.payload import encode
 from slotd.registry import Rate, Registry
 from slotd.repository.lanes import Lanes
 from slotd.repository.named import _sql
+from slotd.repository.producing import PRIORITY_SPAN
 from slotd.task import Task
+
+# The reason a dependant's cancel gives when a parent's attempts ran out (format(): %s is
+# the parent's id, or the ancestor's whose end doomed it).
+PARENT_FAILED = "cancelled: task %s, which it waits on, failed"
 
 
 @dataclass(frozen=True)
@@ -33,12 +38,24 @@ class Claimed:
     claimed_at: datetime
     # The producer's trace context (sql/009), None when it enqueued outside a span.
     trace_context: dict[str, str] | None = None
+    # Marked by a dependant's enqueue: settled by the parent's statements.
+    has_dependants: bool = False
+    # A dependant's: {parent id (as text, from jsonb): value}; None for every other task.
+    parent_results: dict[str, Any] | None = None
+    # The batch it belongs to (slotd.batch): its end is counted there.
+    batch_id: int | None = None
+
+    @property
+    def linked(self) -> bool:
+        """Settled by the linked statements (dependants, a batch), not the plain ones."""
+        return self.has_dependants or self.batch_id is not None
 
     @property
     def final_attempt(self) -> bool:
         return self.attempt >= self.max_attempts
 
     def task(self) -> Task:
+        parents = {int(k): v for k, v in (self.parent_results or {}).items()}
         return Task(
             self.id,
             self.task_type,
@@ -47,6 +64,7 @@ class Claimed:
             self.key,
             self.run_at,
             trace_context=self.trace_context,
+            parent_results=parents,
         )
 
     def deadline(self, margin: timedelta) -> datetime:
@@ -251,6 +269,24 @@ class QueueProtocol(Lanes):
             raise LeaseLost(f"task {task_id}: dequeue refused, the lease is not ours", claimed)
         return claimed
 
+    def dequeue_linked(
+        self, task_id: int, token: uuid.UUID | None, value: str | None, keep_s: float | None
+    ) -> int:
+        """The success of a task with dependants or of a batch (see sql `dequeue_linked`):
+        LeaseLost when the lease is not ours, else how many dependants it made due."""
+        params = {
+            "id": task_id,
+            "token": token,
+            "value": value if value is not None else "null",
+            "keep_s": keep_s,
+            "step_s": self.lead_s / PRIORITY_SPAN,
+        }
+        _, rows = self._write("dequeue_linked", params)
+        dequeued, released = rows[0]
+        if not dequeued:
+            raise LeaseLost(f"task {task_id}: dequeue refused, the lease is not ours")
+        return int(released)
+
     def record_failure(
         self,
         task_id: int,
@@ -259,15 +295,20 @@ class QueueProtocol(Lanes):
         *,
         backoff_base: timedelta | None = None,
         backoff_cap: timedelta | None = None,
+        linked: bool = False,
     ) -> Failure:
         """Back off and keep the error. `backoff_base` / `backoff_cap`: the type's own,
-        else the worker's."""
+        else the worker's. `linked`: a task with dependants or of a batch
+        (record_failure_linked: its dead letter cancels its dependants, transitively, and
+        is counted in its batch)."""
         params = {"id": task_id, "token": token, "error": storable(error), **self._backoff}
+        if linked:
+            params["cause"] = PARENT_FAILED
         if backoff_base is not None:
             params["base_s"] = backoff_base.total_seconds()
         if backoff_cap is not None:
             params["cap_s"] = backoff_cap.total_seconds()
-        _, rows = self._write("record_failure", params)
+        _, rows = self._write("record_failure_linked" if linked else "record_failure", params)
         if not rows:
             raise LeaseLost(f"task {task_id}: failure refused, the lease is not ours")
         return Failure(*rows[0])
@@ -309,6 +350,7 @@ class QueueProtocol(Lanes):
             "reason": storable(reason),
             "refund_final": refund_final,
             "unstarted": unstarted,
+            "cause": PARENT_FAILED,
         }
         _, rows = self._write("release", params)
         return bool(rows[0][1]) if rows else None

@@ -109,6 +109,9 @@ def tasks(
     if search.query and search.query.isdigit() and not rows:
         rows = reads.tasks_page({**search.params(types, as_key=True), "ids": None}, after, limit)
     for row in rows:
+        if row["run_at"] is None:  # a dependant waiting on its parents (sql/019)
+            row["due_s"], row["state"] = None, "waiting"
+            continue
         row["due_s"] = (row["run_at"] - row["db_now"]).total_seconds()
         row["state"] = "running" if row["running"] else "due" if row["due_s"] <= 0 else "waiting"
     following = cursor_text(rows[-1]["run_at"], rows[-1]["id"]) if len(rows) == limit else None

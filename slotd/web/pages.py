@@ -141,12 +141,36 @@ def running(reads: DashboardReads, lease_margin: timedelta) -> list[dict[str, An
 
 
 def task(reads: DashboardReads, task_id: int) -> dict[str, Any] | None:
+    """A task's page: its row while it has one, else what it left (a stored result); with
+    its result, parents, dependants and batch either way."""
     row = reads.task(task_id)
+    flow = reads.workflow(task_id)
     if row is None:
-        return None
+        if flow["result"] is None:
+            return None
+        state = flow["result"][0]
+        row = {"id": task_id, "finished": True, "state": state, "dead": False}
+    else:
+        row["finished"] = False
+        _live_task(row)
+    state, value, error = flow["result"] or (row["state"], None, None)
+    row["result_state"] = state
+    row["result_text"] = None if value is None else json.dumps(value, indent=2, sort_keys=True)
+    row["result_error"] = error
+    row["parents"] = flow["parents"]
+    row["dependants"] = flow["dependants"]
+    batch_id = row.get("batch_id")
+    row["batch"] = reads.batch(batch_id) if batch_id is not None else None
+    return row
+
+
+def _live_task(row: dict[str, Any]) -> None:
     row["payload_text"] = json.dumps(row["payload"], indent=2, sort_keys=True)
     now = row["db_now"]
-    row["due_in"] = relative((row["run_at"] - now).total_seconds())
+    waiting = row["run_at"] is None  # a dependant waiting on its parents (sql/019)
+    row["due_in"] = (
+        "after its parents" if waiting else relative((row["run_at"] - now).total_seconds())
+    )
     started = row["last_attempted_at"]
     row["age_s"] = (now - started).total_seconds() if started else None
     row["state"] = (
@@ -158,7 +182,6 @@ def task(reads: DashboardReads, task_id: int) -> dict[str, Any] | None:
         if row["due"]
         else "waiting"
     )
-    return row
 
 
 def schedules(reads: DashboardReads) -> dict[str, Any]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -62,3 +63,39 @@ def gated(task: slotd.Task, ctx: slotd.Context) -> Any:
         conn.execute("SELECT pg_advisory_lock(%s)", (GATE,))  # until the test lets go
         conn.execute("SELECT pg_advisory_unlock(%s)", (GATE,))
     return {"answer": 42, "payload": task.payload}
+
+
+@registry.handler("fl.parent", ceiling=timedelta(seconds=30))
+def parent(task: slotd.Task, ctx: slotd.Context) -> Any:
+    _record(task, "start")  # no keep_result: its value reaches its dependants all the same
+    return {"from": task.id, "n": task.payload.get("n")}
+
+
+@registry.handler("fl.child", ceiling=timedelta(seconds=30), keep_result=KEEP)
+def child(task: slotd.Task, ctx: slotd.Context) -> Any:
+    _record(task, "start")
+    return {str(k): v for k, v in sorted(task.parent_results.items())}
+
+
+# Batches. A member sleeps its payload's `ms`, then fails when asked to (every attempt, so
+# it ends a dead letter after its three); attempts enough that a run killed with its replica
+# is run again elsewhere once its lease lapses, rather than left a dead letter unseen.
+@registry.handler(
+    "fl.member",
+    ceiling=timedelta(seconds=2),
+    max_attempts=3,
+    backoff_base=timedelta(milliseconds=50),
+    backoff_cap=timedelta(milliseconds=200),
+)
+def member(task: slotd.Task, ctx: slotd.Context) -> Any:
+    if task.payload.get("ms"):
+        time.sleep(task.payload["ms"] / 1000)
+    if task.payload.get("fail"):
+        raise RuntimeError(f"member {task.payload.get('n')} fails")
+    return {"n": task.payload.get("n")}
+
+
+@registry.handler("fl.report", ceiling=timedelta(seconds=30), keep_result=KEEP)
+def report(task: slotd.Task, ctx: slotd.Context) -> Any:
+    _record(task, "start")
+    return task.payload

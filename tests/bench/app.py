@@ -104,3 +104,11 @@ def _tracing() -> None:
 def keep(task: slotd.Task, ctx: slotd.Context) -> dict[str, int]:
     """bench.noop with a stored result (keep_result): the cost of the result store."""
     return {"id": task.id}
+
+
+@registry.handler("bench.link", ceiling=timedelta(seconds=30))
+def link(task: slotd.Task, ctx: slotd.Context) -> None:
+    """A link of a chain of dependants: its run_at is the moment its parent's settlement
+    made it due (the database's now() in that statement); the handler's start, minus that,
+    is the chain's hand-over latency."""
+    _note("link", f"{time.time() - task.run_at.timestamp():.6f}")

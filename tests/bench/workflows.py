@@ -1,8 +1,10 @@
 """Drain rate and statements per task for workflows (#24): plain no-op tasks (before/after:
-must be unchanged), tasks with keep_result.
+must be unchanged), tasks with keep_result, a batch (`batch`: n no-op tasks in one
+slotd.batch, timed to its callback's end), and a chain of dependants (`--chain K`: K tasks
+each after the one before; from a parent's settlement to its child's start, p50/p99).
 
     python tests/bench/workflows.py [--n 5000] [--slots 2] [--rounds 2] [--checkout DIR]
-        [--types bench.noop,bench.keep]
+        [--types bench.noop,bench.keep,batch] [--chain 0]
 
 A private PostgreSQL (fsync on) with pg_stat_statements (track=top), slotd's schema, one
 `slotd run` of the checkout's slotd (`--checkout DIR`: another worktree, e.g. the commit
@@ -31,6 +33,9 @@ parser.add_argument("--slots", type=int, default=2)
 parser.add_argument("--rounds", type=int, default=2)
 parser.add_argument("--types", default="bench.noop,bench.keep")
 parser.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parents[2])
+parser.add_argument(
+    "--chain", type=int, default=0, help="a chain of K dependants, after the rounds"
+)
 args = parser.parse_args()
 sys.path.insert(0, str(args.checkout))
 
@@ -57,17 +62,51 @@ def one_round(conn: psycopg.Connection, task_type: str, n: int) -> tuple[float, 
     conn.execute(MARK + "TRUNCATE slotd_results") if task_type == "bench.keep" else None
     conn.execute(MARK + "SELECT pg_stat_statements_reset()")
     began = time.perf_counter()
-    with conn.transaction():
-        enqueue_many(conn, [NewTask(task_type) for _ in range(n)])
+    if task_type == "batch":  # n no-op tasks in one batch; drained once its callback ran
+        import slotd
+
+        with slotd.batch(conn, on_complete=("bench.noop", {})) as b:
+            b.enqueue_many([NewTask("bench.noop") for _ in range(n)])
+    else:
+        with conn.transaction():
+            enqueue_many(conn, [NewTask(task_type) for _ in range(n)])
     wait_for(lambda: _drained(conn, task_type, n), timeout=1800, what="the drain")
     took = time.perf_counter() - began
     rows = conn.execute(
         MARK + "SELECT calls, query FROM pg_stat_statements"
         " WHERE query NOT LIKE '%%/* bench */%%' AND query NOT LIKE '%%pg_stat_statements%%'"
     ).fetchall()
-    enqueue_calls = sum(c for c, q in rows if "INSERT INTO slotd_tasks" in q)
+    # The producer's statements (the enqueue; a batch's open, join and seal) are not the
+    # drain's.
+    producing = (
+        "INSERT INTO slotd_tasks (id, task_type, payload, key,",
+        "INSERT INTO slotd_batches",
+        "WITH joined AS",
+        "sealed_at = now()",
+    )
+    enqueue_calls = sum(c for c, q in rows if any(p in q for p in producing))
     statements = sum(c for c, _ in rows) - enqueue_calls
     return n / took, statements / n
+
+
+def chain(conn: psycopg.Connection, k: int, out: Path) -> tuple[float, float, float]:
+    """K bench.link tasks, each after the one before, enqueued while the first cannot start
+    (its parent, a bench.noop, is enqueued in the same transaction). Returns p50, p99 and
+    max of (child's start - the moment its parent's settlement made it due), in ms."""
+    import slotd
+
+    for f in out.glob("link-*.txt"):
+        f.unlink()
+    with conn.transaction():
+        parent = slotd.enqueue(conn, "bench.noop", {})
+        for _ in range(k):
+            parent = slotd.enqueue(conn, "bench.link", {}, after=[parent])
+    wait_for(lambda: _drained(conn, "bench.link", k), timeout=1800, what="the chain")
+    lat = sorted(
+        float(line) * 1000 for f in out.glob("link-*.txt") for line in f.read_text().split()
+    )
+    assert len(lat) == k, (len(lat), k)
+    return lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))], lat[-1]
 
 
 def main() -> None:
@@ -80,7 +119,14 @@ def main() -> None:
         with psycopg.connect(server.url(), autocommit=True) as conn:
             conn.execute("CREATE EXTENSION pg_stat_statements")
             migrate(conn)
-            daemon = Daemon(server.url(), slots=args.slots, app="tests.bench.app:registry")
+            out = tmp / "out"
+            out.mkdir()
+            daemon = Daemon(
+                server.url(),
+                slots=args.slots,
+                app="tests.bench.app:registry",
+                env={"SLOTD_BENCH_OUT": str(out)},
+            )
             daemon.env["PYTHONPATH"] = str(args.checkout)
             daemon.cmd[0] = sys.executable
             daemon.start()
@@ -95,6 +141,14 @@ def main() -> None:
                             f" | {_load()}",
                             flush=True,
                         )
+                if args.chain:
+                    p50, p99, worst = chain(conn, args.chain, out)
+                    print(
+                        f"{args.checkout.name} chain of {args.chain} dependants: parent settled"
+                        f" -> child started p50 {p50:.1f} ms, p99 {p99:.1f} ms, max"
+                        f" {worst:.1f} ms | {_load()}",
+                        flush=True,
+                    )
             finally:
                 daemon.close()
     finally:

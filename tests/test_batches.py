@@ -1,0 +1,280 @@
+"""Batches: the callback is enqueued exactly once, by the statement that settled the
+batch's last task, with the counts kept on the batch's stripes. Through a real `slotd run`
+(two replicas, one killed with kill -9 midway), and on the repository and the test modes
+for the edges (empty batch, a rolled-back block, cancels, dependants inside a batch)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+import slotd
+from slotd.outcome import Outcome
+from slotd.repository import Repository
+from slotd.repository.batches import batch_of, batches_in_flight
+from slotd.testing.manual import ManualQueue
+from tests.daemon import Daemon, wait_for
+from tests.test_ops_cli import run_cli
+
+APP = "tests.apps.flows:registry"
+
+
+def _reports(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+    rows = conn.execute(
+        "SELECT payload FROM slotd_tasks WHERE task_type = 'fl.report' ORDER BY id"
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _registry() -> slotd.Registry:
+    reg = slotd.Registry()
+    for name in ("fl.member", "fl.report", "fl.child"):
+        reg.register(name, lambda task, ctx: None, ceiling=timedelta(seconds=30))
+    return reg
+
+
+def test_a_batch_of_1000_with_failures_runs_its_callback_once_through_a_kill_9(
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+) -> None:
+    """Two replicas drain a batch of 1,000 (one in ten fails every attempt); one replica is
+    killed with kill -9 while it holds leases. Its runs lapse and run again on the other
+    one; the callback runs once, with every task counted once."""
+    failing = set(range(0, 1000, 10))
+    with slotd.batch(qconn, on_complete=("fl.report", {"order": 7})) as b:
+        ids = b.enqueue_many(
+            [("fl.member", {"n": n, "ms": 50, "fail": n in failing}) for n in range(1000)]
+        )
+    assert len(ids) == 1000
+    env = {
+        "SLOTD_LEASE_MARGIN": "1s",
+        "SLOTD_KILL_GRACE": "200ms",
+        "SLOTD_HEARTBEAT_INTERVAL": "1s",
+    }
+    victim, survivor = (Daemon(db_url, slots=3, app=APP, env=env) for _ in range(2))
+    daemons.extend([victim, survivor])
+    victim.start()
+    survivor.start()
+
+    def victim_holds_leases() -> bool:
+        # Its own heartbeat says which leases it holds (within seconds); by then a tenth of
+        # the batch has ended, so the kill lands midway.
+        row = qconn.execute(
+            "SELECT count(*) FROM slotd_replicas WHERE pid = %s AND leases <> '{}'::jsonb",
+            (victim.pid,),
+        ).fetchone()
+        return bool(row and row[0]) and batches_in_flight(qconn)[0].done >= 100
+
+    wait_for(victim_holds_leases, timeout=120, what="the victim holding leases, 100 ended")
+    os.killpg(victim.pid, signal.SIGKILL)  # supervisor and slots; runners follow them
+    for proc in victim.tree():
+        proc.kill()
+
+    def report_ran() -> bool:
+        row = qconn.execute(
+            "SELECT count(*) FROM executions e JOIN slotd_results r ON r.task_id = e.task_id"
+        ).fetchone()
+        return bool(row and row[0] >= 1)
+
+    wait_for(report_ran, timeout=240, what="the batch's callback to run")
+    (report,) = qconn.execute("SELECT task_id FROM executions").fetchall()
+    got = slotd.result(qconn, report[0])
+    assert got is not None and got.state == "succeeded"
+    assert got.value == {
+        "order": 7,
+        "batch": {
+            "id": b.id,
+            "succeeded": 900,
+            "failed": 100,
+            "cancelled": 0,
+            "expired": 0,
+        },
+    }
+    state = batch_of(qconn, b.id)
+    assert state is not None and state.total == 1000 and state.done == 1000
+    assert state.callback_id == report[0] and state.completed_at is not None
+    assert batches_in_flight(qconn) == []
+    # Exactly once: one callback task ever made (its id is the batch's), one run of it,
+    # and nothing left to run but the dead letters.
+    left = qconn.execute(
+        "SELECT count(*) FILTER (WHERE attempt_count < max_attempts),"
+        " count(*) FILTER (WHERE task_type = 'fl.report') FROM slotd_tasks"
+    ).fetchone()
+    assert left == (0, 0)
+    kept = "SELECT count(*) FROM slotd_results WHERE task_type = 'fl.report'"
+    assert qconn.execute(kept).fetchone() == (1,)
+    assert qconn.execute("SELECT count(*) FROM executions").fetchone() == (1,)
+
+
+def test_an_empty_batch_enqueues_its_callback_when_its_block_ends(
+    conn: psycopg.Connection[Any],
+) -> None:
+    with slotd.batch(conn, on_complete=("fl.report", None)) as b:
+        assert _reports(conn) == []
+    assert _reports(conn) == [
+        {"batch": {"id": b.id, "succeeded": 0, "failed": 0, "cancelled": 0, "expired": 0}}
+    ]
+
+
+def test_an_error_in_the_block_rolls_back_the_batch_and_its_tasks(
+    conn: psycopg.Connection[Any],
+) -> None:
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        slotd.batch(conn, on_complete=("fl.report", {})) as b,
+    ):
+        b.enqueue("fl.member", {"n": 1})
+        raise RuntimeError("boom")
+    assert conn.execute("SELECT count(*) FROM slotd_tasks").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM slotd_batches").fetchone() == (0,)
+    with pytest.raises(RuntimeError, match="is sealed"):
+        b.enqueue("fl.member", {})
+
+
+def test_bad_batch_input_is_one_line_and_writes_nothing(conn: psycopg.Connection[Any]) -> None:
+    with (
+        pytest.raises(TypeError, match="on_complete= takes a"),
+        slotd.batch(conn, on_complete="fl.report"),
+    ):  # type: ignore[arg-type]
+        pass
+    with (
+        pytest.raises(ValueError, match="has a 'batch' key"),
+        slotd.batch(conn, on_complete=("fl.report", {"batch": 1})),
+    ):
+        pass
+    with (
+        pytest.raises(ValueError, match="a batch's tasks take no key="),
+        slotd.batch(conn, on_complete=("fl.report", {})) as b,
+    ):
+        b.enqueue_many([slotd.NewTask("fl.member", {}, key="k")])
+    assert conn.execute("SELECT count(*) FROM slotd_batches").fetchone() == (0,)
+
+
+def test_cancels_count_as_cancelled_and_the_last_cancel_enqueues_the_callback(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """A cancel of a task that is not running ends it in the cancel's statement; its
+    dependants inside the batch go with it, each counted once."""
+    repo, reg = Repository(conn), _registry()
+    with slotd.batch(conn, on_complete=("fl.report", {})) as b:
+        a = b.enqueue("fl.member", {"n": 1})
+        c = b.enqueue("fl.child", {}, after=[a])
+        d = b.enqueue("fl.member", {"n": 2})
+    claimed = repo.claim([d], reg)
+    assert claimed is not None and claimed.batch_id == b.id and claimed.linked
+    repo.dequeue_linked(d, claimed.token, None, None)
+    assert _reports(conn) == [] and batches_in_flight(conn)[0].done == 1
+    assert slotd.cancel(conn, a, by="tester")
+    assert slotd.result(conn, c) is not None
+    assert _reports(conn) == [
+        {"batch": {"id": b.id, "succeeded": 1, "failed": 0, "cancelled": 2, "expired": 0}}
+    ]
+
+
+def test_a_retried_dead_letter_leaves_its_batch(conn: psycopg.Connection[Any]) -> None:
+    repo, reg = Repository(conn), _registry()
+    with slotd.batch(conn, on_complete=("fl.report", {})) as b:
+        a = b.enqueue("fl.member", {}, max_attempts=1)
+    claimed = repo.claim([a], reg)
+    assert claimed is not None
+    assert repo.record_failure(a, claimed.token, "no", linked=True).dead
+    (report,) = _reports(conn)
+    assert report["batch"]["failed"] == 1
+    assert repo.dead_retry_batch(ids=[a]) == [a]
+    claimed = repo.claim([a], reg)
+    assert claimed is not None and claimed.batch_id is None  # counted once, already
+    repo.dequeue(a, claimed.token)
+    assert len(_reports(conn)) == 1
+
+
+def test_manual_mode_delivers_a_batch_then_its_callback(
+    conn: psycopg.Connection[Any],
+) -> None:
+    reg = _registry()
+    with conn.transaction(force_rollback=True):
+        queue = ManualQueue(conn, reg)
+        with slotd.batch(conn, on_complete=("fl.report", {"x": 1})) as b:
+            b.enqueue_many([("fl.member", {"n": n}) for n in range(3)])
+        # The members, then the callback their last success enqueued: in one drain.
+        assert [s.outcome for s in queue.deliver_all()] == [Outcome.SUCCESS] * 4
+        state = batch_of(conn, b.id)
+        assert state is not None and state.succeeded == 3 and state.callback_id is not None
+        assert [t.type for t in queue.pending()] == []
+
+
+def test_batch_async_counts_like_the_sync_block(db_url: str, conn: psycopg.Connection[Any]) -> None:
+    async def make() -> int:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as aconn:
+            async with slotd.batch_async(aconn, on_complete=("fl.report", {})) as b:
+                await b.enqueue("fl.member", {"n": 1})
+                await b.enqueue_many([("fl.member", {"n": 2})])
+            return b.id
+
+    batch_id = asyncio.run(make())
+    state = batch_of(conn, batch_id)
+    assert state is not None and state.total == 2 and state.done == 0
+    repo, reg = Repository(conn), _registry()
+    for _ in range(2):
+        claimed = repo.claim(repo.discover(reg.types), reg)
+        assert claimed is not None
+        repo.dequeue_linked(claimed.id, claimed.token, None, None)
+    assert [r["batch"]["succeeded"] for r in _reports(conn)] == [2]
+
+
+def test_status_shows_batches_in_flight_with_done_over_total(
+    conn: psycopg.Connection[Any], db_url: str
+) -> None:
+    repo, reg = Repository(conn), _registry()
+    with slotd.batch(conn, on_complete=("fl.report", {})) as b:
+        b.enqueue_many([("fl.member", {"n": n}) for n in range(3)])
+    claimed = repo.claim(repo.discover(reg.types), reg)
+    assert claimed is not None
+    repo.dequeue_linked(claimed.id, claimed.token, None, None)
+    text = run_cli(db_url, "status")
+    assert text.exit_code == 0, text.output
+    assert "batches in flight: 1" in text.output
+    assert re.search(rf"^  {b.id} +fl\.report +1/3 ", text.output, re.M), text.output
+    report = json.loads(run_cli(db_url, "status", "--json").output)
+    assert [(x["id"], x["done"], x["total"]) for x in report["batches"]] == [(b.id, 1, 3)]
+
+
+def test_eager_mode_runs_a_batchs_tasks_once_its_block_sealed_it(
+    conn: psycopg.Connection[Any],
+) -> None:
+    from slotd.testing import eager
+
+    reg = _registry()
+    with eager(reg, conn) as runner:
+        with slotd.batch(conn, on_complete=("fl.report", {})) as b:
+            b.enqueue_many([("fl.member", {"n": n}) for n in range(2)])
+            assert runner.settlements == []  # held until the block ends
+        assert [s.outcome for _, s in runner.settlements] == [Outcome.SUCCESS] * 2
+    (report,) = _reports(conn)  # the callback waits for the daemon or manual mode
+    assert report["batch"]["succeeded"] == 2
+
+
+def test_a_lapsed_final_attempt_stays_in_its_batch_until_retried_and_ended(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """A final attempt whose lease lapsed with its whole replica gone is dead by no
+    statement, so uncounted: the batch waits; `dead retry` runs it again inside the batch,
+    and its end completes the batch."""
+    repo, reg = Repository(conn), _registry()
+    with slotd.batch(conn, on_complete=("fl.report", {})) as b:
+        a = b.enqueue("fl.member", {}, max_attempts=1)
+    assert repo.claim([a], reg) is not None
+    conn.execute("UPDATE slotd_tasks SET lease_expires_at = now() - interval '1s'")
+    assert [d["id"] for d in repo.dead_list()] == [a]  # dead, by no settlement
+    assert _reports(conn) == [] and batches_in_flight(conn)[0].done == 0
+    assert repo.dead_retry_batch(ids=[a]) == [a]
+    claimed = repo.claim([a], reg)
+    assert claimed is not None and claimed.batch_id == b.id
+    repo.dequeue_linked(a, claimed.token, None, None)
+    assert [r["batch"]["succeeded"] for r in _reports(conn)] == [1]
