@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -278,3 +279,29 @@ def test_a_lapsed_final_attempt_stays_in_its_batch_until_retried_and_ended(
     assert claimed is not None and claimed.batch_id == b.id
     repo.dequeue_linked(a, claimed.token, None, None)
     assert [r["batch"]["succeeded"] for r in _reports(conn)] == [1]
+
+
+def test_a_batch_and_its_dependants_live_in_the_schema_they_are_given(
+    pg_server: Any,
+) -> None:
+    """schema= (or SLOTD_SCHEMA): the batch, its stripes, the edges and the callback are
+    all that schema's; its linked settlements count there."""
+    from slotd import repository
+
+    name = f"slotd_batch_schema_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_server.url(), autocommit=True) as admin:
+        repository.create_database(admin, name)
+    with psycopg.connect(pg_server.url(name), autocommit=True) as conn:
+        repository.migrate(conn, schema="jobs")
+        with slotd.batch(conn, on_complete=("fl.report", {}), schema="jobs") as b:
+            a = b.enqueue("fl.member", {})
+            c = b.enqueue("fl.child", {}, after=[a])
+        repo, reg = Repository(conn, schema="jobs"), _registry()
+        for task_id in (a, c):
+            claimed = repo.claim(repo.discover(reg.types), reg)
+            assert claimed is not None and claimed.id == task_id and claimed.batch_id == b.id
+            repo.dequeue_linked(task_id, claimed.token, '{"ok": 1}', None)
+        rows = conn.execute("SELECT task_type, payload FROM jobs.slotd_tasks").fetchall()
+        counts = {"id": b.id, "succeeded": 2, "failed": 0, "cancelled": 0, "expired": 0}
+        assert rows == [("fl.report", {"batch": counts})]
+        assert conn.execute("SELECT to_regclass('public.slotd_batches')").fetchone() == (None,)
