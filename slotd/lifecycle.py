@@ -81,7 +81,7 @@ to retry while the lease lasts."""
 from __future__ import annotations
 
 import logging
-import uuid
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -89,7 +89,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from slotd import db
+from slotd import db, logs
 from slotd import outcome as kinds
 from slotd.errors import LeaseLost
 from slotd.ledger import Ledger
@@ -138,7 +138,7 @@ def settle(
     then_claim: tuple[Sequence[int], Registry] | None = None,
     cancelled_by: str | None = None,
     registry: Registry | None = None,
-    lease_token: uuid.UUID | None = None,
+    lease_token: str | None = None,
     answer_lost: Callable[[Repository], None] | None = None,
 ) -> Settlement:
     """Write the consequence of `result`, fenced on the token. A refused write means this
@@ -180,11 +180,8 @@ def settle(
                     answer_lost(repo)
             except LeaseLost as exc:
                 outcome = _as_linked(repo, claimed, result)
-                lost = _done(outcome, claimed, result, logger)
-                return replace(lost, next=exc.next_claim, claim_tried=True)  # type: ignore[arg-type]
-            return replace(
-                _done(Outcome.SUCCESS, claimed, result, logger), next=nxt, claim_tried=True
-            )
+                return _done(outcome, claimed, result, logger, next=exc.next_claim, claim_tried=True)
+            return _done(Outcome.SUCCESS, claimed, result, logger, next=nxt, claim_tried=True)
         if result.kind == kinds.DONE:
             try:
                 repo.dequeue(task_id, token, kept=_kept(result))
@@ -348,6 +345,9 @@ def _done(
     result: Result,
     logger: Logger,
     dead: bool = False,
+    *,
+    next: Claimed | None = None,  # noqa: A002 - Settlement's own name for it
+    claim_tried: bool = False,
 ) -> Settlement:
     fields = {**_fields(claimed, result), "outcome": str(outcome), "duration": result.duration}
     level = logging.INFO
@@ -359,22 +359,16 @@ def _done(
         fields["dead_letter"] = True
         level = logging.ERROR
     duration = f" in {result.duration * 1000:.1f}ms" if result.duration is not None else ""
-    logger.log(
-        level,
-        "task %s#%s attempt %s: %s%s%s",
-        claimed.task_type,
-        claimed.id,
-        claimed.attempt,
-        outcome,
-        duration,
-        " (dead letter)" if dead else "",
-        extra=fields,
-    )
+    dead_mark = " (dead letter)" if dead else ""
+    args = (claimed.task_type, claimed.id, claimed.attempt, outcome, duration, dead_mark)
+    logs.line(logger, level, "task %s#%s attempt %s: %s%s%s", args, fields)
     failed = outcome is not Outcome.SUCCESS
     return Settlement(
         outcome,
         dead,
         result.duration,
+        next,
+        claim_tried,
         error=result.error if failed else None,
         exception=result.exception if failed else None,
     )
@@ -420,7 +414,10 @@ def conclude(
     # the answer unread, the retry asks whether that statement committed (the dequeue and
     # the claim are one statement: both did or neither did) instead of leaving the new lease
     # to nobody until ceiling + margin, an attempt and a limit's place burnt.
-    lease_token = uuid.uuid4() if how.get("then_claim") and result.kind == kinds.DONE else None
+    # 128 random bits as 32 hex digits, which PostgreSQL reads as a uuid: what uuid4() draws,
+    # without building a UUID object per task.
+    chained = how.get("then_claim") and result.kind == kinds.DONE
+    lease_token = os.urandom(16).hex() if chained else None
     tries = 0
 
     def once(repo: Repository) -> Settlement:
@@ -429,8 +426,7 @@ def conclude(
         if tries > 1 and lease_token is not None:
             held = repo.held_lease(lease_token)
             if held is not None:
-                done = _done(Outcome.SUCCESS, claimed, result, logger)
-                return replace(done, next=held, claim_tried=True)
+                return _done(Outcome.SUCCESS, claimed, result, logger, next=held, claim_tried=True)
         dropped = faults.answer_lost if faults is not None and tries == 1 else None
         return settle(
             repo,

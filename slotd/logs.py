@@ -43,6 +43,10 @@ class FieldsAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
     found = {k: v for k, v in record.__dict__.items() if k not in _STANDARD and k[:1] != "_"}
     found.pop("role", None)
+    return _ordered(found)
+
+
+def _ordered(found: dict[str, Any]) -> dict[str, Any]:
     ordered = {k: found.pop(k) for k in FIRST_FIELDS if k in found}
     if found:
         if "trace_id" in found:
@@ -67,11 +71,15 @@ _second: tuple[int, str] = (-1, "")  # the last whole second, formatted: lines c
 
 
 def _timestamp(record: logging.LogRecord) -> str:
+    return _stamp(record.created)
+
+
+def _stamp(created: float) -> str:
     global _second
-    whole = int(record.created)
+    whole = int(created)
     if whole != _second[0]:
         _second = (whole, datetime.fromtimestamp(whole, UTC).strftime("%Y-%m-%dT%H:%M:%S"))
-    return f"{_second[1]}.{int((record.created - whole) * 1000):03d}Z"
+    return f"{_second[1]}.{int((created - whole) * 1000):03d}Z"
 
 
 class _Base(logging.Formatter):
@@ -94,8 +102,20 @@ class TextFormatter(_Base):
     def format(self, record: logging.LogRecord) -> str:
         message, extras, exc = self._parts(record)
         role = getattr(record, "role", None) or self.role
+        return self.line(record.created, record.levelname, role, record.name, message, extras, exc)
+
+    def line(
+        self,
+        created: float,
+        levelname: str,
+        role: str,
+        name: str,
+        message: str,
+        extras: dict[str, Any],
+        exc: str | None = None,
+    ) -> str:
         fields = " ".join(f"{k}={_text_value(v)}" for k, v in extras.items() if v is not None)
-        line = f"{_timestamp(record)} {record.levelname:<7} {role} {message}"
+        line = f"{_stamp(created)} {levelname:<7} {role} {message}"
         if fields:
             line = f"{line}  {fields}"
         if exc:
@@ -125,11 +145,24 @@ _BREAKS_FIELD = re.compile(r'[ "=\n\t]')
 class JsonFormatter(_Base):
     def format(self, record: logging.LogRecord) -> str:
         message, extras, exc = self._parts(record)
+        role = getattr(record, "role", None) or self.role
+        return self.line(record.created, record.levelname, role, record.name, message, extras, exc)
+
+    def line(
+        self,
+        created: float,
+        levelname: str,
+        role: str,
+        name: str,
+        message: str,
+        extras: dict[str, Any],
+        exc: str | None = None,
+    ) -> str:
         obj: dict[str, Any] = {
-            "time": _timestamp(record),
-            "level": record.levelname.lower(),
-            "role": getattr(record, "role", None) or self.role,
-            "logger": record.name,
+            "time": _stamp(created),
+            "level": levelname.lower(),
+            "role": role,
+            "logger": name,
             "message": message,
         }
         for key, value in extras.items():
@@ -143,6 +176,60 @@ class JsonFormatter(_Base):
 
 def _redacted_str(value: Any) -> str:
     return redact(str(value))
+
+
+def line(
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    level: int,
+    msg: str,
+    args: tuple[Any, ...],
+    fields: dict[str, Any],
+) -> None:
+    """`logger.log(level, msg, *args, extra=fields)`, for the lines a busy process writes per
+    task (a settlement's), without building a LogRecord when slotd's handler is the only one
+    the record would reach (no handler or filter of an application's on its way): the line
+    is formatted from its parts and handed to that handler directly. The LogRecord and its
+    route were a seventh of a slot's CPU per no-op task (tests/bench/cpu_per_task.py).
+    Anything else takes the ordinary call, so an application's handler sees the record."""
+    base = logger.logger if isinstance(logger, logging.LoggerAdapter) else logger
+    if base.disabled or not base.isEnabledFor(level):
+        return
+    handler = _installed
+    if handler is None or not _only_ours(base, handler, level):
+        logger.log(level, msg, *args, extra=fields)
+        return
+    if isinstance(logger, logging.LoggerAdapter) and logger.extra:
+        fields = {**logger.extra, **fields}  # as FieldsAdapter merges them
+    formatter = handler.formatter
+    if not isinstance(formatter, TextFormatter | JsonFormatter):
+        logger.log(level, msg, *args, extra=fields)
+        return
+    own = {k: v for k, v in fields.items() if k[:1] != "_" and k != "role"}
+    extras = {k: _clean(v) for k, v in _ordered(own).items()}
+    message = redact(msg % args if args else msg)
+    text = formatter.line(
+        time.time(), logging.getLevelName(level), formatter.role, base.name, message, extras
+    )
+    with handler.lock:  # type: ignore[union-attr]
+        handler.take(text, level)
+
+
+def _only_ours(logger: logging.Logger, handler: logging.Handler, level: int) -> bool:
+    """Whether a record of `logger` at `level` would reach `handler` alone, unfiltered (the
+    walk logging.Logger.callHandlers makes)."""
+    reached = 0
+    node: logging.Logger | None = logger
+    while node is not None:
+        if node.filters:
+            return False
+        for other in node.handlers:
+            if other is not handler:
+                return False
+            reached += 1
+        if not node.propagate:
+            break
+        node = node.parent
+    return reached == 1 and not handler.filters and level >= handler.level
 
 
 # A follower asks the process holding lines before it to write them out with this signal.
@@ -189,6 +276,10 @@ class HoldingHandler(logging.StreamHandler):  # type: ignore[type-arg]
         except Exception:  # noqa: BLE001 - logging's own contract: report, never raise
             self.handleError(record)
             return
+        self.take(line, record.levelno)
+
+    def take(self, line: str, levelno: int) -> None:
+        """A formatted line: held, or written with the ones held before it."""
         if self.leader is not None and self.leader[0] and self.leader[1] != self.late_for:
             self._wait_for_leader()
         if not self.held:
@@ -198,7 +289,7 @@ class HoldingHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self.held.append(line)
         self.bytes += len(line)
         if (
-            record.levelno > logging.INFO
+            levelno > logging.INFO
             or self.hold <= 0
             or self.bytes >= HOLD_BYTES
             or time.monotonic() - self.since >= self.hold

@@ -126,6 +126,13 @@ class Registry:
         self._schedules: dict[str, Schedule] = {}
         self._chain = Chain()
         self._runner_hooks: list[Callable[[], Any]] = []
+        # What every claim reads, computed once per set of types: handlers are only ever
+        # added (a name registers once), so the number of them says whether it is current.
+        self._derived: tuple[int, list[str], dict[str, tuple[int | None, int | None]]] = (
+            -1,
+            [],
+            {},
+        )
 
     def register(
         self,
@@ -293,9 +300,22 @@ class Registry:
     def __len__(self) -> int:
         return len(self._handlers)
 
+    def _current(self) -> tuple[int, list[str], dict[str, tuple[int | None, int | None]]]:
+        derived = self._derived
+        if derived[0] != len(self._handlers):
+            types = sorted(self._handlers)
+            limited = {
+                name: (h.max_running, h.max_running_per_group)
+                for name in types
+                if (h := self._handlers[name]).limited
+            }
+            derived = self._derived = (len(self._handlers), types, limited)
+        return derived
+
     @property
     def types(self) -> list[str]:
-        return sorted(self._handlers)
+        """The served types, sorted (shared: read it, do not change it)."""
+        return self._current()[1]
 
     @property
     def ceilings_seconds(self) -> list[float]:
@@ -312,8 +332,9 @@ class Registry:
 
     @property
     def concurrency_limits(self) -> dict[str, tuple[int | None, int | None]]:
-        """(max_running, max_running_per_group) of the limited types only."""
-        return {h.name: (h.max_running, h.max_running_per_group) for h in self if h.limited}
+        """(max_running, max_running_per_group) of the limited types only (shared: read it,
+        do not change it)."""
+        return self._current()[2]
 
     @property
     def rates(self) -> dict[str, tuple[Rate | None, Rate | None]]:

@@ -261,3 +261,53 @@ def test_log_lines_from_a_slot_and_its_runner_come_out_in_time_order(
     ]
     said = ["page" if " page " in line else line.split(": ", 1)[1].split()[0] for line in ours]
     assert said == ["page", "continued"] * 3 + ["page", "success"], "\n".join(ours)
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_settlement_line_without_a_record_reads_as_the_record_would(
+    fmt: str, root_restored: None
+) -> None:
+    # logs.line builds the line from its parts when slotd's handler is the only one: it must
+    # print exactly what logger.log prints (the time aside), password redaction included.
+    stream, logger = emit(fmt, role="slot 2")
+    adapter = logs.FieldsAdapter(logger, {"slot": 2})
+    fields = {**OUTCOME_FIELDS, "error": f"connect to {URL} failed", "_private": 1}
+    args = ("email.send", 42, 3, "failure", " in 1.5ms", "")
+    adapter.log(logging.WARNING, "task %s#%s attempt %s: %s%s%s", *args, extra=fields)
+    logs.line(adapter, logging.WARNING, "task %s#%s attempt %s: %s%s%s", args, fields)
+    logs.flush()
+    by_record, by_parts = stream.getvalue().splitlines()
+    if fmt == "json":
+        one, two = json.loads(by_record), json.loads(by_parts)
+        assert one.pop("time") and two.pop("time")
+        assert one == two and "hunter2" not in by_parts
+    else:
+        assert by_record.split(" ", 1)[1] == by_parts.split(" ", 1)[1]
+        assert "hunter2" not in by_parts and "_private" not in by_parts
+
+
+def test_a_settlement_line_reaches_an_applications_handler_as_a_record(
+    root_restored: None,
+) -> None:
+    # An application that adds its own handler (an error reporter) gets the record itself.
+    stream, logger = emit("text")
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    logging.getLogger().addHandler(keep := Keep())
+    try:
+        logs.line(logger, logging.INFO, "task %s#%s: %s", ("a", 1, "success"), {"task_id": 1})
+    finally:
+        logging.getLogger().removeHandler(keep)
+    logs.flush()
+    [record] = seen
+    assert (record.getMessage(), record.task_id) == ("task a#1: success", 1)  # type: ignore[attr-defined]
+    assert stream.getvalue().count("task a#1: success") == 1
+    # Below the level: nothing, either way.
+    logging.getLogger().setLevel(logging.WARNING)
+    logs.line(logger, logging.INFO, "quiet %s", ("x",), {})
+    logs.flush()
+    assert "quiet" not in stream.getvalue()

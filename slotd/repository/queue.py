@@ -242,7 +242,7 @@ class QueueProtocol(Lanes):
         token: uuid.UUID | None,
         ids: Sequence[int],
         registry: Registry,
-        lease_token: uuid.UUID | None = None,
+        lease_token: str | None = None,
         kept: tuple[str, float] | None = None,
     ) -> Claimed | None:
         """Dequeue a finished task and claim the next of `ids` in one statement: one round
@@ -251,7 +251,7 @@ class QueueProtocol(Lanes):
         again (see held_lease). `kept`: as for dequeue."""
         params = {
             **self._claim_params(ids, registry),
-            "lease_token": None if lease_token is None else str(lease_token),
+            "lease_token": lease_token,  # a uuid's text, or None: drawn by the server
             "id": task_id,
             "done_token": token,
             # The settled row's place is free for the claim riding on its settlement.
@@ -322,7 +322,7 @@ class QueueProtocol(Lanes):
         count, _ = self._write("advance_cursor", {"id": task_id, "token": token, "payload": body})
         return count == 1
 
-    def held_lease(self, token: uuid.UUID) -> Claimed | None:
+    def held_lease(self, token: str) -> Claimed | None:
         """The live lease under `token` (a chained claim's, after its answer was lost)."""
         row = self.write.execute(_sql("held_lease", self.schema), {"token": token}).fetchone()
         return Claimed(*row) if row else None
