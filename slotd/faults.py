@@ -21,9 +21,11 @@ Where each kind acts, so that it exercises the recovery path it is meant to:
   attempt's outcome (its last words) and before it writes the settlement; the supervisor
   settles the lease by that outcome (a success is dequeued, not run again) and counts the
   settlements the slot made before it, all from the slot's ledger (slotd.ledger).
-- ``answer_lost``: the slot's connection is closed right after a settlement that claimed the
-  next task committed, before its answer is read: the slot reconnects and finds its claim by
-  the token it chose (slotd.lifecycle.conclude), rather than leaving that lease to lapse.
+- ``answer_lost``: the slot's connection is closed right after a success's settlement
+  committed (with or without the next task's claim riding on it), before its answer is read:
+  the slot reconnects and finds its claim by the token it chose, or its row gone
+  (slotd.lifecycle, "answer lost"), rather than counting the success `lost` and leaving the
+  new lease to lapse.
 - ``slot_crash_settled``: the slot exits with status 70 after its settlement is written and
   counted in its ledger, before the lease leaves the ledger: the supervisor must neither
   settle that lease again nor miss the count (slotd.ledger.Ledger.settled).
@@ -166,11 +168,11 @@ class Injector:
             )
 
     def answer_lost(self, repo: Any) -> None:
-        """Called in the slot once a settlement with a chained claim committed, before its
-        answer is read: may close the connection and raise as a dropped one would, the
-        window in which only the database knows the claim was made."""
+        """Called in the slot once a success's settlement committed, before its answer is
+        read: may close the connection and raise as a dropped one would, the window in which
+        only the database knows the row was dequeued (and the next one claimed)."""
         if self._draw(self.faults.answer_lost):
-            self._report("answer_lost", "connection closed after a chained claim committed")
+            self._report("answer_lost", "connection closed after a settlement committed")
             repo.write.close()
             raise psycopg.OperationalError("injected fault: connection lost after commit")
 

@@ -70,6 +70,15 @@ nothing, and is told so (`lost`).
   attempt's outcome if the handler had ended), in its ledger; the supervisor settles it by
   those words, through the same `settle`, on its chores thread (`handed_over`).
 
+- answer lost: a connection that drops after a settlement's statement was sent leaves its
+  answer unread; the slot reconnects and retries while its lease lasts. A success's retry
+  first asks what the first try did, since its write would now be refused and the success
+  counted `lost`: the claim that rode on it is found under the token the slot chose for it
+  (`held_lease`), and a row that is gone was dequeued by it, since only the holder of a live
+  lease removes a live row (`lease_remains`). A chained claim that found no next task is
+  the common case, at the end of a backlog. A failure's retry cannot tell (its row stays)
+  and is counted `lost` at worst: the row holds what the first try wrote.
+
 Order, for the slot: the last words go into the ledger before the database is written (a
 death mid-write is settled by what the handler did, never as a crash that would run a
 success again); the database; then the ledger (the settlement counted, the lease dropped or
@@ -180,13 +189,16 @@ def settle(
                     answer_lost(repo)
             except LeaseLost as exc:
                 outcome = _as_linked(repo, claimed, result)
-                return _done(outcome, claimed, result, logger, next=exc.next_claim, claim_tried=True)
+                nxt = exc.next_claim
+                return _done(outcome, claimed, result, logger, next=nxt, claim_tried=True)
             return _done(Outcome.SUCCESS, claimed, result, logger, next=nxt, claim_tried=True)
         if result.kind == kinds.DONE:
             try:
                 repo.dequeue(task_id, token, kept=_kept(result))
             except LeaseLost:
                 return _done(_as_linked(repo, claimed, result), claimed, result, logger)
+            if answer_lost is not None:
+                answer_lost(repo)
             return _done(Outcome.SUCCESS, claimed, result, logger)
         if result.kind in (kinds.CONTINUE, kinds.SHUTDOWN) or (
             shutting_down and result.kind == kinds.ERROR
@@ -423,10 +435,15 @@ def conclude(
     def once(repo: Repository) -> Settlement:
         nonlocal tries
         tries += 1
-        if tries > 1 and lease_token is not None:
-            held = repo.held_lease(lease_token)
-            if held is not None:
-                return _done(Outcome.SUCCESS, claimed, result, logger, next=held, claim_tried=True)
+        if tries > 1 and result.kind == kinds.DONE:
+            # A retry after the connection dropped: did the first try commit? (See the
+            # rule book, "answer lost".)
+            held = repo.held_lease(lease_token) if lease_token is not None else None
+            if held is not None or repo.lease_remains(claimed.id, claimed.token) is None:
+                chained = lease_token is not None
+                return _done(
+                    Outcome.SUCCESS, claimed, result, logger, next=held, claim_tried=chained
+                )
         dropped = faults.answer_lost if faults is not None and tries == 1 else None
         return settle(
             repo,

@@ -129,11 +129,57 @@ def test_a_slot_dying_around_its_settlement_counts_each_task_once(
     )
     assert sorted(runs) == sorted(ids)
     assert set(runs.values()) == {1}, {k: v for k, v in runs.items() if v != 1}
-    wait_for(lambda: counted().get("success", 0) >= 40, timeout=90, what="40 successes counted")
+    try:
+        wait_for(lambda: counted().get("success", 0) >= 40, timeout=90, what="40 successes")
+    except AssertionError:
+        raise AssertionError(("counted", counted(), daemon.lines[-30:])) from None
     # A later task's count comes after anything still on its way about the first forty.
     slotd.enqueue(qconn, "rt.noop", {"n": 40})
     wait_for(lambda: counted().get("success", 0) >= 41, timeout=30, what="the 41st counted")
     assert {k: v for k, v in counted().items() if v} == {"success": 41}
+
+
+def test_a_success_whose_answer_was_lost_is_counted_a_success_when_nothing_rode_on_it(
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+) -> None:
+    """Every success's answer is lost with its connection, and each task arrives alone, so
+    no claim rides on its settlement: the retry finds the row gone, which only its own
+    dequeue could do, and counts a success (before, the refused retry counted it `lost`:
+    the last task of every backlog, whose chained claim finds nothing)."""
+    daemon = Daemon(
+        db_url,
+        slots=1,
+        env={
+            "SLOTD_ALLOW_FAULTS": "1",
+            "SLOTD_FAULT_ANSWER_LOST": "1",
+            "SLOTD_METRICS_ADDR": "127.0.0.1:0",
+        },
+    )
+    daemons.append(daemon)
+    daemon.start()
+    url = daemon.wait_line(r"metrics on ").split("metrics on ")[1].strip()
+
+    def gone(task_id: int) -> bool:
+        row = qconn.execute("SELECT count(*) FROM slotd_tasks WHERE id = %s", (task_id,))
+        return row.fetchone() == (0,)
+
+    for n in range(3):
+        task_id = slotd.enqueue(qconn, "rt.noop", {"n": n})
+        wait_for(lambda t=task_id: gone(t), what=f"task {n} through a lost answer")
+    assert sum("injected fault: answer_lost" in line for line in daemon.lines) == 3
+
+    def counted() -> dict[str, float]:
+        body = urllib.request.urlopen(url, timeout=5).read().decode()
+        return {
+            line.split('outcome="')[1].split('"')[0]: float(line.split()[-1])
+            for line in body.splitlines()
+            if line.startswith("slotd_task_outcomes_total{") and 'task_type="rt.noop"' in line
+        }
+
+    wait_for(lambda: counted().get("success", 0) >= 3, what="3 successes counted")
+    assert {k: v for k, v in counted().items() if v} == {"success": 3}
+    runs = qconn.execute("SELECT count(*) FROM executions WHERE phase = 'start'").fetchone()
+    assert runs == (3,)
 
 
 def test_a_chained_claim_whose_answer_was_lost_is_found_by_its_token(
@@ -177,5 +223,8 @@ def test_a_chained_claim_whose_answer_was_lost_is_found_by_its_token(
     )
     assert sorted(runs) == sorted(ids)
     assert set(runs.values()) == {1}  # no attempt burnt by a lease nobody ran
-    wait_for(lambda: counted().get("success", 0) >= 40, timeout=90, what="40 successes counted")
+    try:
+        wait_for(lambda: counted().get("success", 0) >= 40, timeout=90, what="40 successes")
+    except AssertionError:
+        raise AssertionError(("counted", counted(), daemon.lines[-30:])) from None
     assert {k: v for k, v in counted().items() if v} == {"success": 40}

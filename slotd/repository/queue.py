@@ -327,6 +327,12 @@ class QueueProtocol(Lanes):
         row = self.write.execute(_sql("held_lease", self.schema), {"token": token}).fetchone()
         return Claimed(*row) if row else None
 
+    def lease_remains(self, task_id: int, token: uuid.UUID) -> bool | None:
+        """Whether the row still carries this lease (True), another or none (False), or is
+        gone (None): what a retried settlement asks about its first try."""
+        row = self.write.execute(_sql("lease_of"), {"id": task_id}).fetchone()
+        return None if row is None else row[0] == token
+
     def continue_slice(self, task_id: int, token: uuid.UUID) -> bool:
         """Release an advanced slice's row, due at once; False when the lease is not ours."""
         _, rows = self._write("continue_slice", {"id": task_id, "token": token})
