@@ -9,7 +9,8 @@ context can neither leak the slot nor run beside its own retry.
 An operator's cancel of the running task reaches the slot from its supervisor (which heard it
 on the control channel) and is carried out like a deadline: ctx.cancelled at once, the kill a
 kill grace later, the row settled `cancelled`. A long attempt also looks for a cancel itself
-now and then, so a notification lost on the way (a LISTEN reconnect) still stops it."""
+now and then, so a notification lost on the way (a LISTEN reconnect) still stops it. The
+watch over one attempt is its own room, slotd.attempt_watch; the slot claims and settles."""
 
 from __future__ import annotations
 
@@ -19,31 +20,26 @@ import signal
 import time
 import traceback
 from dataclasses import dataclass, field
-from datetime import datetime
 from multiprocessing.connection import Connection, wait
 from typing import Any, NoReturn
 
 import psycopg
 
-from slotd import db, lifecycle, logs, proc, runner
+from slotd import db, lifecycle, logs, proc
+from slotd.attempt_watch import AttemptWatch
 from slotd.bell import Bell
 from slotd.candidates import Candidates
 from slotd.config import Settings
 from slotd.ledger import Ledger
 from slotd.lifecycle import Settlement, not_started
-from slotd.outcome import CRASHED, KILLED, SHUTDOWN, Result, past
+from slotd.outcome import CRASHED, Result, past
 from slotd.registry import Registry
-from slotd.repository import Claimed, Repository
-from slotd.runner_keeper import Runner, RunnerKeeper
+from slotd.repository import Claimed
+from slotd.runner_keeper import RunnerKeeper
 from slotd.slot_connections import SlotConnections
-from slotd.watchdog import Step, Watchdog
 
 log = logging.getLogger("slotd.slot")
 
-# A running attempt re-reads its own row for a cancel every this many poll intervals (30 s at
-# the default 5 s): one primary-key read per long task, and the bound on how long a cancel
-# whose notification was lost can go unnoticed.
-CANCEL_RECHECK_POLLS = 6
 # A busy slot's settlement lines leave in batches at most this old (see logs.HoldingHandler);
 # a kill -9 loses at most this much of the log, never a settlement.
 LOG_HOLD = 0.25
@@ -65,45 +61,6 @@ class SlotSpec:
     ledger: Ledger = field(default_factory=Ledger)
 
 
-class OperatorCancel:
-    """An operator's cancel of the attempt a slot is running: heard from the supervisor
-    (which heard it on the control channel), or found by the attempt's own look at its row
-    every CANCEL_RECHECK_POLLS poll intervals, so a notification lost on the way (a LISTEN
-    reconnect) still stops it. Carried out like a deadline (see slotd.watchdog)."""
-
-    def __init__(self, recheck_every: float, log: logs.FieldsAdapter) -> None:
-        self.recheck_every, self.log = recheck_every, log
-        self.reason: str | None = None
-        self.recheck_at = 0.0
-
-    def begin(self, started: float) -> None:
-        self.reason = None
-        self.recheck_at = started + self.recheck_every
-
-    def look_if_due(self, now: float, claimed: Claimed, repo: Repository | None) -> None:
-        if self.reason is not None or now < self.recheck_at or repo is None:
-            return
-        self.recheck_at = now + self.recheck_every
-        try:
-            reason = repo.cancel_reason(claimed.id, claimed.token)
-        except psycopg.Error as exc:  # the settlement reconnects; this look can wait
-            self.log.warning("could not look for a cancel of task %s: %s", claimed.id, exc)
-            return
-        if reason is not None:
-            self.heard(claimed, reason)
-
-    def heard(self, claimed: Claimed, reason: str) -> None:
-        if self.reason is None:
-            self.reason = reason
-            self.log.info(
-                "task %s#%s %s: stopping it",
-                claimed.task_type,
-                claimed.id,
-                reason if reason.startswith("cancelled") else f"cancelled by {reason}",
-                extra={"task_id": claimed.id, "task_type": claimed.task_type},
-            )
-
-
 class Slot:
     def __init__(self, spec: SlotSpec, sup: Connection) -> None:
         self.spec = spec
@@ -113,9 +70,6 @@ class Slot:
         self.orphaned = False  # the supervisor is gone: nothing more to report
         self.hurry = False
         self.reload = False
-        self.cancel_sent = False  # a CANCEL went to the runner during its last task
-        self.woken = False  # a wake token that arrived while a task ran
-        self.sup_open = True
         self.log = logs.FieldsAdapter(log, {"slot": spec.number})
         self.waiter = proc.Waiter()
         settings = spec.settings
@@ -142,8 +96,7 @@ class Slot:
             log=self.log,
         )
         self.bell = Bell(spec.ledger, self._report, lambda: self.runners.pid)
-        recheck = settings.poll_interval.total_seconds() * CANCEL_RECHECK_POLLS
-        self.cancel = OperatorCancel(recheck, self.log)
+        self.attempt = AttemptWatch(self)  # the watch over each attempt (slotd.attempt_watch)
 
     # process set-up and the loop
 
@@ -268,8 +221,8 @@ class Slot:
         return self.runners.may_serve_again()
 
     def _wait_token(self) -> bool:
-        if self.woken:
-            self.woken = False
+        if self.attempt.woken:
+            self.attempt.woken = False
             return True
         proc.set_title(f"slot {self.spec.number} idle")
         logs.flush()  # an idle slot holds no lines...
@@ -307,13 +260,13 @@ class Slot:
         margin = self.settings.lease_margin
         deadline = claimed.deadline(margin)
         started = time.monotonic()
-        self.cancel.begin(started)
+        self.attempt.cancel.begin(started)
         if past(deadline):
             result = not_started(claimed)
         elif self.stopping or self.runners.current is None:  # a chained claim met a shutdown
             result = lifecycle.not_started_at_shutdown()
         else:
-            result = self._watch(claimed, self.runners.current, deadline)
+            result = self.attempt.run(claimed, self.runners.current, deadline)
             if result.duration is None:
                 result.duration = time.monotonic() - started
         # Settled (database and ledger) before the next runner is forked: crash backoff and
@@ -325,110 +278,6 @@ class Slot:
             self._spawn_runner()
         self.candidates.chained(settlement.claim_tried, settlement.next)
         return settlement.next
-
-    def _watch(self, claimed: Claimed, runner_: Runner, deadline: datetime) -> Result:
-        dog = Watchdog.for_deadline(
-            deadline, self.settings.kill_grace, self.settings.shutdown_grace
-        )
-        advanced = False
-        ceiling = claimed.lease_expires_at - claimed.claimed_at - self.settings.lease_margin
-        label = f"slot {self.spec.number} running {claimed.task_type}#{claimed.id}"
-        try:
-            # A cancel sent during the last task may have landed after its result: the
-            # runner forgets it on this message, never on its own, so a cancel sent from
-            # here on (a SIGTERM while it receives the task) is kept.
-            proc.tell(runner_.conn, runner.run_message(claimed.task(), deadline, self.cancel_sent))
-        except OSError:  # it died between tasks, before we noticed: ours to settle
-            result = Result(CRASHED, "runner died before it got the task")
-            self.runners.died(result)
-            return result
-        self.cancel_sent = False
-        runner_.tasks += 1
-        while True:
-            now = time.monotonic()
-            self.cancel.look_if_due(now, claimed, self.conns.repo)
-            cancelled = self.cancel.reason is not None
-            while (step := dog.step(now, self.stopping, self.hurry, cancelled)) is not None:
-                if step is Step.CANCEL_KILL:
-                    self.runners.died(Result(KILLED))
-                    grace = self.settings.kill_grace.total_seconds()
-                    return Result(KILLED, f"killed {grace:g}s after it was cancelled", advanced)
-                if step in (Step.CANCEL, Step.INTERRUPT):
-                    self.cancel_sent = self.cancel_sent or step is Step.CANCEL
-                    # The runner alone: its handler's subprocesses must not get the signal.
-                    proc.send(
-                        runner_.pid, runner.CANCEL if step is Step.CANCEL else runner.INTERRUPT
-                    )
-                elif step is Step.SHUTDOWN_KILL:
-                    self.runners.died(Result(SHUTDOWN))
-                    return Result(
-                        SHUTDOWN, "still running when the shutdown grace ran out", advanced
-                    )
-                else:
-                    self.runners.died(Result(KILLED))
-                    grace = self.settings.kill_grace.total_seconds()
-                    return Result(KILLED, f"killed {grace:g}s after its deadline", advanced, True)
-            proc.set_title(f"{label} {now - dog.started:.0f}s/{ceiling.total_seconds():.0f}s")
-            timeout = self.bell.pay_what_is_due(dog.wait_for(now))
-            watched = [runner_.conn, self.selfpipe]
-            if runner_.watch.fd is not None:  # no pidfd (old kernel, seccomp): polled below
-                watched.append(runner_.watch)
-            ready = self.waiter.wait(
-                [*watched, self.sup] if self.sup_open else watched, timeout=timeout
-            )
-            if self.selfpipe in ready:
-                self.selfpipe.drain()
-            if self.sup in ready:
-                self._from_supervisor(claimed)
-            if runner_.conn in ready:
-                try:
-                    message = runner_.conn.recv()
-                except (EOFError, OSError):
-                    message = None
-                if message is not None and message[0] == "result":
-                    result = Result(*message[1:])
-                    result.advanced = result.advanced or advanced
-                    self.runners.crashes = 0
-                    if result.extra.get(runner.RECYCLE):  # what the attempt started runs on
-                        self.runners.died(result)  # ended before the settlement, not after
-                    return result
-                if message is not None and message[0] == "fault":
-                    self._report("fault", message[1])
-                    continue
-                if message is not None and message[0] == "cursor":
-                    ok, error = self._advance(claimed, message[1])
-                    advanced = advanced or ok
-                    runner_.conn.send(("cursor_ok", ok, error))
-                    continue
-            exited = runner_.watch in ready or runner_.conn in ready or runner_.watch.fd is None
-            if exited and runner_.watch.wait(1.0 if runner_.conn in ready else 0) is not None:
-                result = Result(CRASHED, "runner died under the handler", advanced)
-                self.runners.died(result)
-                return result
-
-    def _from_supervisor(self, claimed: Claimed) -> None:
-        while proc.ready_now(self.sup):
-            try:
-                message = self.sup.recv()
-            except (EOFError, OSError):
-                # The supervisor is gone; its parent-death signal (SIGTERM) is on its way
-                # and the task is released as at any shutdown. Stop watching the pipe.
-                self.sup_open = False
-                return
-            if message[0] == "wake":
-                self.woken = True  # kept for the next wait, never lost
-            elif message[0] == "cancel" and message[2] == str(claimed.token):
-                self.cancel.heard(claimed, message[3])
-
-    def _advance(self, claimed: Claimed, body: str) -> tuple[bool, str | None]:
-        """Write a cursor for the runner. Whatever the database says about the data is the
-        handler's error (raised in its frame), never this slot's."""
-        try:
-            ok = self._write(lambda repo: lifecycle.advance(repo, claimed, body), claimed)
-        except Exception as exc:  # noqa: BLE001 - bad data must not take the slot down
-            self.log.warning("cursor write failed: %s", db.first_line(exc), extra=_ids(claimed))
-            return False, db.first_line(exc)
-        return bool(ok), None
 
     def _settle(self, claimed: Claimed, result: Result) -> Settlement:
         registry = self.runners.registry
@@ -443,16 +292,12 @@ class Slot:
             logger=self.log,
             shutting_down=self.stopping,
             then_claim=chain,
-            cancelled_by=self.cancel.reason,
+            cancelled_by=self.attempt.cancel.reason,
             registry=registry,
         )
 
     def _write(self, write: Any, claimed: Claimed) -> Any:
         return self.conns.write_while_leased(write, claimed, lambda: self.hurry)
-
-
-def _ids(claimed: Claimed) -> dict[str, Any]:
-    return {"task_id": claimed.id, "task_type": claimed.task_type, "attempt": claimed.attempt}
 
 
 def run_slot(spec: SlotSpec, sup: Connection) -> NoReturn:
