@@ -165,7 +165,7 @@ def test_a_success_whose_answer_was_lost_is_counted_a_success_when_nothing_rode_
 
     for n in range(3):
         task_id = slotd.enqueue(qconn, "rt.noop", {"n": n})
-        wait_for(lambda t=task_id: gone(t), what=f"task {n} through a lost answer")
+        wait_for(lambda t=task_id: gone(t), timeout=90, what=f"task {n} through a lost answer")
     assert sum("injected fault: answer_lost" in line for line in daemon.lines) == 3
 
     def counted() -> dict[str, float]:
@@ -176,7 +176,7 @@ def test_a_success_whose_answer_was_lost_is_counted_a_success_when_nothing_rode_
             if line.startswith("slotd_task_outcomes_total{") and 'task_type="rt.noop"' in line
         }
 
-    wait_for(lambda: counted().get("success", 0) >= 3, what="3 successes counted")
+    wait_for(lambda: counted().get("success", 0) >= 3, timeout=90, what="3 successes counted")
     assert {k: v for k, v in counted().items() if v} == {"success": 3}
     runs = qconn.execute("SELECT count(*) FROM executions WHERE phase = 'start'").fetchone()
     assert runs == (3,)
