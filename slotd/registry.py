@@ -114,6 +114,17 @@ def _limit(name: str, option: str, value: object) -> int | None:
     return value
 
 
+# What every claim reads of a registry, computed once per set of types (Registry._current):
+# its size when computed, the types, their concurrency limits, their rates, the claim-locked.
+_Derived = tuple[
+    int,
+    list[str],
+    dict[str, tuple[int | None, int | None]],
+    dict[str, tuple[Rate | None, Rate | None]],
+    list[str],
+]
+
+
 class Registry:
     """What this replica can run. A ceiling is required: it is the handler's deadline and,
     plus the margin, the lease and so the crash-recovery wait for the type."""
@@ -128,11 +139,7 @@ class Registry:
         self._runner_hooks: list[Callable[[], Any]] = []
         # What every claim reads, computed once per set of types: handlers are only ever
         # added (a name registers once), so the number of them says whether it is current.
-        self._derived: tuple[int, list[str], dict[str, tuple[int | None, int | None]]] = (
-            -1,
-            [],
-            {},
-        )
+        self._derived: _Derived = (-1, [], {}, {}, [])
 
     def register(
         self,
@@ -300,16 +307,17 @@ class Registry:
     def __len__(self) -> int:
         return len(self._handlers)
 
-    def _current(self) -> tuple[int, list[str], dict[str, tuple[int | None, int | None]]]:
+    def _current(self) -> _Derived:
         derived = self._derived
         if derived[0] != len(self._handlers):
-            types = sorted(self._handlers)
-            limited = {
-                name: (h.max_running, h.max_running_per_group)
-                for name in types
-                if (h := self._handlers[name]).limited
-            }
-            derived = self._derived = (len(self._handlers), types, limited)
+            handlers = [self._handlers[name] for name in sorted(self._handlers)]
+            derived = self._derived = (
+                len(handlers),
+                [h.name for h in handlers],
+                {h.name: (h.max_running, h.max_running_per_group) for h in handlers if h.limited},
+                {h.name: (h.rate, h.rate_per_group) for h in handlers if h.rated},
+                [h.name for h in handlers if h.limited or h.rated],
+            )
         return derived
 
     @property
@@ -338,13 +346,15 @@ class Registry:
 
     @property
     def rates(self) -> dict[str, tuple[Rate | None, Rate | None]]:
-        """(rate, rate_per_group) of the rated types only."""
-        return {h.name: (h.rate, h.rate_per_group) for h in self if h.rated}
+        """(rate, rate_per_group) of the rated types only (shared: read it, do not change
+        it)."""
+        return self._current()[3]
 
     @property
     def claim_locked(self) -> list[str]:
-        """The types whose claims take the limit lock (claim_lock): limited or rated."""
-        return sorted(h.name for h in self if h.limited or h.rated)
+        """The types whose claims take the limit lock (claim_lock): limited or rated, sorted
+        (shared: read it, do not change it)."""
+        return self._current()[4]
 
 
 def load_registry(spec: str) -> Registry:
