@@ -330,7 +330,7 @@ class QueueProtocol(Lanes):
     def lease_remains(self, task_id: int, token: uuid.UUID) -> bool | None:
         """Whether the row still carries this lease (True), another or none (False), or is
         gone (None): what a retried settlement asks about its first try."""
-        row = self.write.execute(_sql("lease_of"), {"id": task_id}).fetchone()
+        row = self.write.execute(_sql("lease_of", self.schema), {"id": task_id}).fetchone()
         return None if row is None else row[0] == token
 
     def continue_slice(self, task_id: int, token: uuid.UUID) -> bool:
