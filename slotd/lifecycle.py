@@ -26,7 +26,8 @@ nothing, and is told so (`lost`).
              from the value in its last words. Plain types keep the plain statements: a
              stored result costs its types only;
              a linked task (one with dependants, marked by their enqueue, or of a batch)
-             is settled by `dequeue_linked`: the same fenced delete also writes its value
+             is settled by `dequeue_linked` (`dequeue_linked_claim` with the next claim
+             riding on it, as for a plain task): the same fenced delete also writes its value
              on each edge and makes due each dependant it was the last parent of, so a
              dependant is released exactly when its last parent's success commits, and
              counts the end in its batch (`batch_counted`), whose last end enqueues the
@@ -177,13 +178,14 @@ def settle(
                 extra={**_fields(claimed, result), "outcome": str(Outcome.CANCELLED)},
             )
             return Settlement(Outcome.CANCELLED, True, result.duration)
-        if result.kind == kinds.DONE and claimed.linked:
+        if result.kind == kinds.DONE and claimed.linked and not (then_claim and then_claim[0]):
             repo.dequeue_linked(task_id, token, result.value, result.keep_s)
             return _done(Outcome.SUCCESS, claimed, result, logger)
         if result.kind == kinds.DONE and then_claim and then_claim[0]:
+            linked = (result.value, result.keep_s) if claimed.linked else None
             try:
                 nxt = repo.dequeue_and_claim(
-                    task_id, token, *then_claim, lease_token, kept=_kept(result)
+                    task_id, token, *then_claim, lease_token, kept=_kept(result), linked=linked
                 )
                 if answer_lost is not None:
                     answer_lost(repo)

@@ -1339,15 +1339,15 @@ WITH RECURSIVE doomed(id, root) AS (
 ), {batch_counted}
 SELECT (SELECT count(*) FROM told), (SELECT count(*) FROM batch_woken)
 
--- name: dequeue_linked
+-- fragment: linked_settled
 -- The success of a task with dependants or of a batch: the delete (fenced), its result
 -- where its type keeps one (keep_s not NULL), its value on every edge to a dependant, each
 -- dependant whose last parent this was made due now (run_at from 'infinity'; its
--- priority's head start kept: order_at = now() - priority x step), with one wake, and its
--- end counted in its batch (which may enqueue the batch's callback): one statement.
-WITH done AS (
+-- priority's head start kept: order_at = now() - priority x step), and its end counted in
+-- its batch (which may enqueue the batch's callback). The statements below add the wakes.
+done AS (
     DELETE FROM slotd_tasks t
-    WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(token)s::uuid
+    WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(done_token)s::uuid
     RETURNING t.id, t.task_type, t.batch_id
 ), kept AS (
     INSERT INTO slotd_results (task_id, task_type, value, expires_at)
@@ -1371,13 +1371,31 @@ WITH done AS (
 ), ended AS (
     SELECT d.id, d.batch_id, 'succeeded' AS outcome FROM done d WHERE d.batch_id IS NOT NULL
 ), {batch_counted}
+
+-- fragment: linked_told
+-- The linked success's notifications: one wake for the dependants it made due, the result
+-- notification of a kept result, the batch callback's wake (see batch_counted).
+(SELECT count(*) FROM (SELECT pg_notify('slotd_wake', '') FROM released r
+                       WHERE r.parents_left = 0 LIMIT 1) w) wake,
+(SELECT count(*) FROM (SELECT pg_notify('slotd_result', k.task_id::text)
+                       FROM kept k) k) told,
+(SELECT count(*) FROM batch_woken) callbacks
+
+-- name: dequeue_linked
+-- See linked_settled: one statement.
+WITH {linked_settled}
 SELECT (SELECT count(*) FROM done) AS dequeued,
        (SELECT count(*) FROM released r WHERE r.parents_left = 0) AS released
-FROM (SELECT count(*) FROM (SELECT pg_notify('slotd_wake', '') FROM released r
-                            WHERE r.parents_left = 0 LIMIT 1) w) wake,
-     (SELECT count(*) FROM (SELECT pg_notify('slotd_result', k.task_id::text)
-                            FROM kept k) k) told,
-     (SELECT count(*) FROM batch_woken) callbacks
+FROM {linked_told}
+
+-- name: dequeue_linked_claim
+-- dequeue_linked with the claim of the next task riding on it, as dequeue_claim does for a
+-- plain task: one round trip and one commit per task, so a batch's tasks drain at the rate
+-- of plain ones. The claim's snapshot is the statement's: a dependant this success made
+-- due, or the callback it enqueued, is not claimed by it (their wakes bring a slot).
+WITH {linked_settled}, {claim_ctes}
+SELECT (SELECT count(*) FROM done) AS dequeued, c.*
+FROM {linked_told}, (SELECT 1) AS one LEFT JOIN claimed c ON true
 
 -- name: depend_parents
 -- A dependant's enqueue, first: its parents marked (has_dependants, so their settlement

@@ -305,3 +305,22 @@ def test_a_batch_and_its_dependants_live_in_the_schema_they_are_given(
         counts = {"id": b.id, "succeeded": 2, "failed": 0, "cancelled": 0, "expired": 0}
         assert rows == [("fl.report", {"batch": counts})]
         assert conn.execute("SELECT to_regclass('public.slotd_batches')").fetchone() == (None,)
+
+
+def test_a_batch_task_settles_and_claims_the_next_in_one_statement(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """dequeue_linked_claim: a batch's task keeps the plain tasks' one round trip per task
+    (its settlement counts it and claims the next), and the last one's enqueues the
+    callback without claiming it in the same statement (its snapshot does not see it)."""
+    repo, reg = Repository(conn), _registry()
+    with slotd.batch(conn, on_complete=("fl.report", {})) as b:
+        ids = b.enqueue_many([("fl.member", {"n": n}) for n in range(2)])
+    first = repo.claim([ids[0]], reg)
+    assert first is not None
+    nxt = repo.dequeue_and_claim(first.id, first.token, [ids[1]], reg, linked=(None, None))
+    assert nxt is not None and nxt.id == ids[1] and nxt.batch_id == b.id
+    assert batches_in_flight(conn)[0].done == 1
+    last = repo.dequeue_and_claim(nxt.id, nxt.token, ids, reg, linked=(None, None))
+    assert last is None  # nothing left that its snapshot shows claimable
+    assert [r["batch"]["succeeded"] for r in _reports(conn)] == [2]

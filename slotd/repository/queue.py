@@ -244,11 +244,13 @@ class QueueProtocol(Lanes):
         registry: Registry,
         lease_token: str | None = None,
         kept: tuple[str, float] | None = None,
+        linked: tuple[str | None, float | None] | None = None,
     ) -> Claimed | None:
         """Dequeue a finished task and claim the next of `ids` in one statement: one round
         trip, one commit. A refused dequeue raises LeaseLost carrying the new claim.
         `lease_token`: the new lease's token, when the caller must be able to find its claim
-        again (see held_lease). `kept`: as for dequeue."""
+        again (see held_lease). `kept`: as for dequeue. `linked`: (value, keep_s) of a task
+        with dependants or of a batch, settled by `dequeue_linked_claim`."""
         params = {
             **self._claim_params(ids, registry),
             "lease_token": lease_token,  # a uuid's text, or None: drawn by the server
@@ -259,7 +261,10 @@ class QueueProtocol(Lanes):
             "settling_token": token,
         }
         name = "dequeue_claim"
-        if kept is not None:
+        if linked is not None:
+            name = "dequeue_linked_claim"
+            params.update(self._linked_params(*linked))
+        elif kept is not None:
             name = "dequeue_keep_claim"
             params["value"], params["keep_s"] = kept
         _, rows = self._write(name, params, self._lock_types(ids, registry))
@@ -269,18 +274,19 @@ class QueueProtocol(Lanes):
             raise LeaseLost(f"task {task_id}: dequeue refused, the lease is not ours", claimed)
         return claimed
 
+    def _linked_params(self, value: str | None, keep_s: float | None) -> dict[str, Any]:
+        return {
+            "value": value if value is not None else "null",
+            "keep_s": keep_s,
+            "step_s": self.lead_s / PRIORITY_SPAN,
+        }
+
     def dequeue_linked(
         self, task_id: int, token: uuid.UUID | None, value: str | None, keep_s: float | None
     ) -> int:
         """The success of a task with dependants or of a batch (see sql `dequeue_linked`):
         LeaseLost when the lease is not ours, else how many dependants it made due."""
-        params = {
-            "id": task_id,
-            "token": token,
-            "value": value if value is not None else "null",
-            "keep_s": keep_s,
-            "step_s": self.lead_s / PRIORITY_SPAN,
-        }
+        params = {"id": task_id, "done_token": token, **self._linked_params(value, keep_s)}
         _, rows = self._write("dequeue_linked", params)
         dequeued, released = rows[0]
         if not dequeued:
