@@ -87,6 +87,17 @@ def test_options_schema_holds_the_queue_from_migrate_to_the_worker(pg_server: An
                 time.sleep(0.1)
             assert conn.execute(status, (now_id,)).fetchone()[1] == {"sum": 42, "parts": [20, 22]}  # type: ignore[index]
             assert conn.execute(status, (later_id,)).fetchone()[0] == "READY"  # type: ignore[index]
+            # The handler stores its result before it returns; the slot's settlement removes
+            # the queue row a moment later. Stopping the worker before that would release the
+            # row at shutdown (run again later: at least once), and the count below would be 2.
+            queued = (
+                'SELECT count(*) FROM "shop_jobs".slotd_tasks t'
+                ' JOIN "shop_jobs".slotd_django_results r ON r.task_id = t.id WHERE r.id = %s'
+            )
+            while conn.execute(queued, (now_id,)).fetchone()[0]:  # type: ignore[index]
+                assert worker.poll() is None, worker.stderr.read() if worker.stderr else ""
+                assert time.monotonic() < deadline, "the worker never settled the task"
+                time.sleep(0.1)
         finally:
             os.killpg(worker.pid, signal.SIGTERM)
             worker.wait(timeout=60)
