@@ -416,3 +416,18 @@ def test_outcome_chart_shows_what_the_replica_reported(world: dict[str, Any], pa
     assert "report.weekly" in page.locator("#backlog ul.legend").inner_text()
     assert page.locator("#oldest-due").inner_text().startswith("Oldest due: ")
     shot(page, "overview")
+
+
+def test_a_task_page_links_its_parents_and_dependants(world: dict[str, Any], page: Any) -> None:
+    """A dependant waiting on a parent nobody serves here: the parent's page links it, its
+    page says what it waits on and that it has no due time yet."""
+    conn = world["conn"]
+    parent = slotd.enqueue(conn, "dash.unserved", {"n": 1})
+    child = slotd.enqueue(conn, "dash.echo", {}, after=[parent])
+    page.goto(world["base"] + f"/tasks/{parent}")
+    page.locator(f"#dependants a[href$='/tasks/{child}']").click()
+    page.wait_for_url(world["base"] + f"/tasks/{child}")
+    assert page.locator("#parents").inner_text() == f"{parent} (not yet)"
+    assert page.locator("#result-state").inner_text() == "pending"
+    assert "after its parents" in page.locator("dl.facts").inner_text()
+    shot(page, "task-dependant")
