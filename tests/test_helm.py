@@ -243,6 +243,16 @@ def test_migration_runs_before_install_and_upgrade_with_its_own_secret(
     assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
 
 
+def test_the_workers_and_the_migration_job_share_one_schema(helm: Path, tmp_path: Path) -> None:
+    # A worker in one schema and a migration into another would leave the workers on an
+    # unmigrated schema: both take SLOTD_SCHEMA from the one value.
+    for values, schema in ((REQUIRED, "public"), ({**REQUIRED, "schema": "billing"}, "billing")):
+        manifests = render(helm, tmp_path, values)
+        [worker] = one(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
+        [migrate] = one(manifests, "Job")["spec"]["template"]["spec"]["containers"]
+        assert env_of(worker)["SLOTD_SCHEMA"] == env_of(migrate)["SLOTD_SCHEMA"] == schema
+
+
 # --- production set ---------------------------------------------------------------------------
 
 
@@ -341,6 +351,8 @@ def test_existing_secret_is_used_and_no_secret_is_created(helm: Path, tmp_path: 
         ({"metrics": {"servicemonitor": {"enabled": True}}}, "'servicemonitor' not allowed"),
         ({"runAsUser": 0}, "/runAsUser"),
         ({"app": "acme.tasks"}, "/app"),
+        ({"schema": "Billing"}, "/schema"),
+        ({"schema": "pg_billing"}, "/schema"),
         ({"database": {"url": "mysql://db/acme"}}, "/database/url"),
     ],
 )

@@ -74,6 +74,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   value: {{ required "app is required: the module:attribute of your slotd.Registry" .Values.app | quote }}
 - name: SLOTD_LOG_FORMAT
   value: {{ .Values.config.logFormat | quote }}
+- name: SLOTD_SCHEMA
+  value: {{ .Values.schema | quote }}
 # Only used by the embedded PostgreSQL, which never runs here; pointed at the writable /tmp.
 - name: SLOTD_HOME
   value: /tmp/slotd
