@@ -10,7 +10,8 @@
 # Needs: PostgreSQL 15 running on 127.0.0.1:15555 with a superuser bench/bench and the
 # pgstattuple extension available (`start_pg` below makes one when PJQB_PGDATA is set),
 # uv, and a Python >= 3.12 named by UV_PYTHON. Each run leaves the harness's run directory
-# under HARNESS_CLONE/results/ and, beside this script's output, audit JSON and `uptime`.
+# under HARNESS_CLONE/results/ and, beside this script's output, audit JSON (lost, twice;
+# releases.py: attempts a shutdown's release cost) and `uptime`.
 set -euo pipefail
 
 PIN=93677ca
@@ -103,7 +104,9 @@ run_one() {
     --drain "$HARNESS/slotd-bench" >"$dir/audit-slotd.json"
   "$py" "$HERE/audit.py" --dsn "$DSN_BASE/procrastinate_bench" --system procrastinate \
     >"$dir/audit-procrastinate.json"
-  cat "$dir/audit-slotd.json" "$dir/audit-procrastinate.json"
+  # A claim that met a shutdown before its handler started must get its attempt back.
+  "$py" "$HERE/releases.py" "$dir/harness.err" >"$dir/releases-slotd.json"
+  cat "$dir/audit-slotd.json" "$dir/audit-procrastinate.json" "$dir/releases-slotd.json"
 }
 
 [ -n "${PJQB_PGDATA:-}" ] && start_pg

@@ -3,9 +3,10 @@
     python summarize.py RUNS_DIR [--plots DOCS_DIR]
 
 Reads each scenario's harness run directory (run_dir.txt -> summary.json, raw.csv), its
-audit JSON and command.txt. Prints markdown. With --plots, copies the harness's
-claim_p99 / throughput / dead_tuples plots for each scenario into DOCS_DIR, downscaled to
-1000 px and 64 colours (Pillow, which the harness's matplotlib brings)."""
+audit JSON, releases-slotd.json (releases.py) and command.txt. Prints markdown. With
+--plots, copies the harness's claim_p99 / throughput / dead_tuples plots for each scenario
+into DOCS_DIR, downscaled to 1000 px and 64 colours (Pillow, which the harness's
+matplotlib brings)."""
 
 from __future__ import annotations
 
@@ -137,6 +138,18 @@ def scenario_tables(scenario_dir: Path) -> str:
             ]
             if audit["ran_twice"]:
                 lines.append(f"Ran twice (id: attempts): {audit['ran_twice_ids']}")
+            releases_path = scenario_dir / "releases-slotd.json"
+            if releases_path.exists():
+                releases = json.loads(releases_path.read_text())
+                rising = releases["unstarted_then_higher_attempt"]
+                lines += [
+                    "",
+                    f"Shutdown releases, slotd (releases.py over its log): "
+                    f"{releases['unstarted_releases']} claims released before their handler "
+                    f"started, {len(releases['released_unstarted_more_than_once'])} tasks "
+                    f"released so more than once, {len(rising)} whose next attempt number "
+                    "rose after such a release" + (f": {sorted(rising)}" if rising else "") + ".",
+                ]
         elif audit.get("system") == "procrastinate":
             lines += [
                 "",
