@@ -3,7 +3,9 @@ never imported otherwise: tracing (slotd.tracing) with opentelemetry-api."""
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -12,19 +14,37 @@ if TYPE_CHECKING:
 
 _UNSET: Any = object()
 _tracing: Any = _UNSET
+# The first load is made by one thread, the others wait for its answer. Two threads' first
+# calls at once (`slotd run` loading the app while a thread enqueues, a threaded server's
+# first requests) would each import slotd.tracing; when that import fails (no
+# opentelemetry), CPython can hand the second thread the module the first just dropped, and
+# slotd.enqueue raised "cannot import name 'tracing' from 'slotd'" (found by the public
+# job-queue bench: it killed a replica's producer thread). A fork's child gets a fresh lock:
+# one held by a thread of the parent would never be released there.
+_loading = threading.Lock()
+
+
+def _fresh_lock() -> None:
+    global _loading
+    _loading = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock)
 
 
 def tracing() -> ModuleType | None:
     """slotd.tracing, or None without opentelemetry-api (`pip install 'slotd[otel]'`)."""
     global _tracing
     if _tracing is _UNSET:
-        try:
-            from slotd import tracing as module
-        except ImportError as exc:
-            if not (exc.name or "").startswith("opentelemetry"):
-                raise  # slotd's own bug, not a missing extra
-            module = None
-        _tracing = module
+        with _loading:
+            if _tracing is _UNSET:
+                try:
+                    from slotd import tracing as module
+                except ImportError as exc:
+                    if not (exc.name or "").startswith("opentelemetry"):
+                        raise  # slotd's own bug, not a missing extra
+                    module = None
+                _tracing = module
     return _tracing
 
 

@@ -63,3 +63,81 @@ def test_the_suites_tracing_tests_skip_and_middleware_tests_pass_without_opentel
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "2 passed, 1 skipped" in done.stdout, done.stdout[-2000:]
+
+
+FIRST_LOAD_RACE = r"""
+import sys
+import threading
+from importlib.abc import MetaPathFinder
+
+in_import = threading.Event()
+release = threading.Event()
+asked: list[str] = []
+
+
+class HeldImport(MetaPathFinder):
+    # Holds the first thread inside the failing import of opentelemetry (tests/no_otel
+    # makes it fail) until the second thread is inside integrations.tracing() too.
+    def find_spec(self, fullname, path, target=None):
+        if fullname == "opentelemetry":
+            asked.append(threading.current_thread().name)
+            in_import.set()
+            if threading.current_thread().name == "first":
+                release.wait(60)
+        return None
+
+
+sys.meta_path.insert(0, HeldImport())
+from slotd import integrations  # noqa: E402
+
+results = {}
+
+
+def ask():
+    try:
+        results[threading.current_thread().name] = integrations.tracing()
+    except ImportError as exc:
+        results[threading.current_thread().name] = repr(exc)
+
+
+first = threading.Thread(target=ask, name="first")
+first.start()
+assert in_import.wait(60)
+second = threading.Thread(target=ask, name="second")
+second.start()
+
+
+def in_tracing():
+    frame = sys._current_frames().get(second.ident)
+    while frame is not None:
+        if frame.f_code.co_name == "tracing" and frame.f_code.co_filename.endswith(
+            "integrations.py"
+        ):
+            return True
+        frame = frame.f_back
+    return False
+
+
+while second.is_alive() and not in_tracing():
+    threading.Event().wait(0.001)
+release.set()
+first.join(60)
+second.join(60)
+print(repr(results), repr(asked))
+"""
+
+
+def test_the_tracing_integration_asked_by_two_threads_at_once_is_imported_once() -> None:
+    # `slotd run` loads the integrations while a thread of the same process enqueues (the
+    # public bench's adapter), or a threaded server's first requests enqueue at once: without
+    # opentelemetry the second caller got "cannot import name 'tracing' from 'slotd'".
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_LOAD_RACE],
+        env={**os.environ, **BLOCKED},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["{'first':", "None,", "'second':", "None}", "['first']"]
