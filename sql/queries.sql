@@ -365,6 +365,31 @@ GROUP BY w.task_type
 -- array stops at its first claimable row, in the caller's order (the discovery's: ordering
 -- key, then id), so slots that discovered the same rows each take the first one nobody else
 -- holds: SKIP LOCKED passes a row another claim is taking, the recheck one it has taken.
+-- A claim that may pick a rated type is claim_ctes_rated: the rate tables are in no
+-- other claim's plan (each table and index a statement names is locked and opened on
+-- every execution, whether or not a row of it is read).
+{claim_picked}, {claim_lease}
+
+-- fragment: claim_ctes_rated
+-- claim_ctes for candidates that may be of a rated type (sql/022): the same pick with
+-- within_rates, the same lease, and the start recorded in the rate's windows.
+{claim_picked_rated}, {claim_lease}, {claim_rate_record}
+
+-- fragment: claim_picked
+picked AS MATERIALIZED (
+    SELECT l.id FROM unnest(%(ids)s::bigint[]) AS c(id)
+    CROSS JOIN LATERAL (
+        SELECT t.id FROM slotd_tasks t
+        WHERE t.id = c.id AND {claimable}
+          AND t.task_type = ANY(%(types)s::text[]) AND {within_limits}
+        LIMIT 1
+        FOR UPDATE OF t SKIP LOCKED
+    ) l
+    LIMIT 1
+)
+
+-- fragment: claim_picked_rated
+-- claim_picked, plus within_rates, and the type and group the rate CTEs record.
 picked AS MATERIALIZED (
     SELECT l.id, l.task_type, l.task_group FROM unnest(%(ids)s::bigint[]) AS c(id)
     CROSS JOIN LATERAL (
@@ -375,7 +400,10 @@ picked AS MATERIALIZED (
         FOR UPDATE OF t SKIP LOCKED
     ) l
     LIMIT 1
-), claimed AS (
+)
+
+-- fragment: claim_lease
+claimed AS (
     UPDATE slotd_tasks t
     -- Random, from the server's strong source; a claim riding on a settlement brings its
     -- own (uuid4, from the client's), so that a connection lost before the answer came back
@@ -402,7 +430,9 @@ picked AS MATERIALIZED (
               t.max_attempts, t.lease_token, t.lease_expires_at, now() AS claimed_at,
               t.trace_context, t.has_dependants, {parent_results}, t.batch_id
 )
-, rate_starts AS (
+
+-- fragment: claim_rate_record
+rate_starts AS (
     -- A rated type's start counts in its windows (sql/022, within_rates): the type's own
     -- and its group's. Stamped here, in the statement that takes the lease, under the limit
     -- lock: a committed lease always has its start counted, and starts are stamped in the
@@ -467,6 +497,10 @@ ORDER BY k.ord
 WITH {claim_ctes}
 SELECT * FROM claimed
 
+-- name: claim_rated
+WITH {claim_ctes_rated}
+SELECT * FROM claimed
+
 -- name: dequeue_claim
 -- The settlement of one task and the claim of the next in one statement: one round trip
 -- and one commit per task instead of two. The two rows are distinct (the settled one is
@@ -477,6 +511,17 @@ WITH done AS (
       AND {unlinked}
     RETURNING t.id
 ), {claim_ctes}
+SELECT (SELECT count(*) FROM done) AS dequeued, c.*
+FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
+
+-- name: dequeue_claim_rated
+-- dequeue_claim whose claim may pick a rated type (claim_ctes_rated).
+WITH done AS (
+    DELETE FROM slotd_tasks t
+    WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(done_token)s::uuid
+      AND {unlinked}
+    RETURNING t.id
+), {claim_ctes_rated}
 SELECT (SELECT count(*) FROM done) AS dequeued, c.*
 FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
 
@@ -533,6 +578,17 @@ WITH done AS (
       AND {unlinked}
     RETURNING t.id, t.task_type
 ), {results_kept}, {claim_ctes}
+SELECT (SELECT count(*) FROM told) AS dequeued, c.*
+FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
+
+-- name: dequeue_keep_claim_rated
+-- dequeue_keep_claim whose claim may pick a rated type (claim_ctes_rated).
+WITH done AS (
+    DELETE FROM slotd_tasks t
+    WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(done_token)s::uuid
+      AND {unlinked}
+    RETURNING t.id, t.task_type
+), {results_kept}, {claim_ctes_rated}
 SELECT (SELECT count(*) FROM told) AS dequeued, c.*
 FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
 

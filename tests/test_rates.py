@@ -237,3 +237,23 @@ def test_retention_prunes_windows_with_no_start_left_in_them(
     slotd.enqueue(conn, "sms", {}, group="a")
     assert claim(repo, reg) is not None  # and a window starts again from nothing
     assert conn.execute("SELECT max(last_seq) FROM slotd_rate_windows").fetchone() == (1,)
+
+
+def test_only_a_claim_that_may_pick_a_rated_type_names_the_rate_tables(
+    conn: psycopg.Connection[Any], repo: Repository
+) -> None:
+    """Every table a statement names is locked and opened on each execution: unrated work's
+    claims keep the statements they had, and the claim riding on a settlement counts a
+    rated start like any claim."""
+    for name in ("claim", "dequeue_claim", "dequeue_keep_claim"):
+        assert "slotd_rate" not in statements()[name]
+        assert "slotd_rate_starts" in statements()[f"{name}_rated"]
+    reg = rated(rate=(2, timedelta(seconds=60)))
+    ids = slotd.enqueue_many(conn, [("sms", {})] * 3)
+    first = claim(repo, reg)
+    assert first is not None
+    rest = [i for i in ids if i != first.id]
+    second = repo.dequeue_and_claim(first.id, first.token, rest, reg)
+    assert second is not None  # the window's second start, chained on the settlement
+    assert repo.dequeue_and_claim(second.id, second.token, rest, reg) is None  # full
+    assert conn.execute("SELECT last_seq FROM slotd_rate_windows").fetchone() == (2,)

@@ -11,7 +11,6 @@ from typing import Any, Self
 
 import psycopg
 
-from slotd.registry import Registry
 from slotd.repository.named import _interval, _sql, resolve_schema
 from slotd.repository.producing import PRIORITY_SPAN
 
@@ -47,7 +46,7 @@ class Lanes:
         # discovery (None: none full): the slot's next wake when it found nothing.
         self.rate_wait_s: float | None = None
         self.synchronous_commit = synchronous_commit
-        self._claim_arrays: tuple[Registry, list[str], dict[str, Any]] | None = None
+        self._claim_arrays: Any = None  # the registry's ClaimShape (repository.queue)
         self.read = read or write
         self.lease_margin = lease_margin
         self.max_attempts = max_attempts

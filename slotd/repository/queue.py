@@ -102,6 +102,17 @@ Limits = Mapping[str, tuple[int | None, int | None]]
 Rates = Mapping[str, tuple[Rate | None, Rate | None]]
 
 
+@dataclass(frozen=True)
+class ClaimShape:
+    """What every claim of one registry sends and decides by (see QueueProtocol._shape)."""
+
+    registry: Registry
+    types: list[str]
+    literals: dict[str, Any]
+    locked: list[str]  # limited or rated: these take the limit lock
+    rated: frozenset[str]
+
+
 def limit_params(limits: Limits, rates: Rates | None = None) -> dict[str, Any]:
     """The within_limits and within_rates predicates' parallel arrays; empty for an
     unlimited registry."""
@@ -180,14 +191,15 @@ class QueueProtocol(Lanes):
         self._candidate_types = dict(found)
         return [task_id for task_id, _ in found]
 
-    def _claim_params(self, ids: Sequence[int], registry: Registry) -> dict[str, Any]:
+    def _shape(self, registry: Registry) -> ClaimShape:
         # Arrays go as array literals (text the statement casts): psycopg's list adaptation
         # walks every element in Python on every claim, 74 us per claim against 12 us for
-        # these strings (tests/bench/cpu_per_task.py). The registry's arrays change only
-        # when a type is registered, so they are built once per registry and type list.
+        # these strings (tests/bench/cpu_per_task.py). The registry's arrays, and which of
+        # its types take the limit lock or have a rate, change only when a type is
+        # registered, so they are built once per registry and type list.
         types = registry.types
         cached = self._claim_arrays
-        if cached is None or cached[0] is not registry or cached[1] != types:
+        if cached is None or cached.registry is not registry or cached.types != types:
             arrays = {
                 "types": types,
                 "ceilings_s": registry.ceilings_seconds,
@@ -195,10 +207,15 @@ class QueueProtocol(Lanes):
                 **limit_params(registry.concurrency_limits, registry.rates),
             }
             literals = {k: v if v is None else array_literal(v) for k, v in arrays.items()}
-            cached = self._claim_arrays = (registry, types, literals)
+            cached = self._claim_arrays = ClaimShape(
+                registry, types, literals, registry.claim_locked, frozenset(registry.rates)
+            )
+        return cached
+
+    def _claim_params(self, ids: Sequence[int], registry: Registry) -> dict[str, Any]:
         return {
             "ids": id_array(ids),
-            **cached[2],
+            **self._shape(registry).literals,
             "margin_s": self.lease_margin.total_seconds(),
             "lease_token": None,  # drawn by the server
         }
@@ -206,7 +223,7 @@ class QueueProtocol(Lanes):
     def _lock_types(self, ids: Sequence[int], registry: Registry) -> list[str]:
         """The limited or rated types this claim may pick: those among the candidates when
         the last discovery found them all, else (ids from elsewhere) every such type served."""
-        limited = registry.claim_locked
+        limited = self._shape(registry).locked
         if not limited:
             return []
         known = self._candidate_types
@@ -214,11 +231,18 @@ class QueueProtocol(Lanes):
             return sorted({known[i] for i in ids} & set(limited))
         return limited
 
+    def _rated(self, name: str, lock_types: Sequence[str], registry: Registry) -> str:
+        """The claim statement `name`, or its _rated twin when a candidate may be of a rated
+        type: only that one names the rate tables (see claim_ctes in sql/queries.sql)."""
+        rated = self._shape(registry).rated
+        return f"{name}_rated" if rated and not rated.isdisjoint(lock_types) else name
+
     def claim(self, ids: Sequence[int], registry: Registry) -> Claimed | None:
         if not ids:
             return None
         lock = self._lock_types(ids, registry)
-        _, rows = self._write("claim", self._claim_params(ids, registry), lock)
+        name = self._rated("claim", lock, registry)
+        _, rows = self._write(name, self._claim_params(ids, registry), lock)
         return Claimed(*rows[0]) if rows else None
 
     # fenced settlements
@@ -267,7 +291,8 @@ class QueueProtocol(Lanes):
         elif kept is not None:
             name = "dequeue_keep_claim"
             params["value"], params["keep_s"] = kept
-        _, rows = self._write(name, params, self._lock_types(ids, registry))
+        lock = self._lock_types(ids, registry)
+        _, rows = self._write(self._rated(name, lock, registry), params, lock)
         dequeued, *claim = rows[0]
         claimed = Claimed(*claim) if claim[0] is not None else None
         if not dequeued:
