@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -94,6 +95,13 @@ def _sending(rows: list[NewTask]) -> AbstractContextManager[Any]:
     return nullcontext() if tracing is None else tracing.sending(rows)
 
 
+def _expiring(rows: list[NewTask], expires_in: timedelta | float | None) -> list[NewTask]:
+    """The call's expires_in on each row that has none of its own."""
+    if expires_in is None:
+        return rows
+    return [r if r.expires_in is not None else replace(r, expires_in=expires_in) for r in rows]
+
+
 def enqueue_many(
     conn: Any,
     items: Iterable[NewTask | tuple[Any, ...]],
@@ -102,6 +110,7 @@ def enqueue_many(
     unique: str = "live",
     schema: str | None = None,
     after: Sequence[int] | None = None,
+    expires_in: timedelta | float | None = None,
 ) -> list[int]:
     """Write tasks in the caller's transaction; slotd never commits it. The wake is sent by
     the same statement, so it reaches the workers only if the transaction commits.
@@ -115,10 +124,13 @@ def enqueue_many(
     pending or running task with the key, "pending" only against one not started yet.
 
     `after`: task ids that must all succeed before these run (UnknownParents when one is
-    not live; see README, Dependencies)."""
+    not live; see README, Dependencies).
+
+    `expires_in` (a NewTask's own wins): a task not started within this long of the
+    enqueue never starts; it ends a dead letter with reason "expired"."""
     target = sync_target(conn, "slotd.enqueue_many")
     parents = parent_ids(after)
-    rows = _rows(items, parents)
+    rows = _expiring(_rows(items, parents), expires_in)
     return write_many(target, rows, parents, max_attempts, unique, resolve_schema(schema))
 
 
@@ -174,14 +186,16 @@ def enqueue(
     unique: str = "live",
     schema: str | None = None,
     after: Sequence[int] | None = None,
+    expires_in: timedelta | float | None = None,
 ) -> int:
     """Write one task and return its id, or the id of the live row with the same key
     (unique="pending": of the row with the key that has not started; a running one lets
     this one queue behind it). `priority` (-100..100, higher sooner) is a head start of
-    priority x SLOTD_PRIORITY_STEP; `group` is what max_running_per_group counts.
+    priority x SLOTD_PRIORITY_STEP; `group` is what max_running_per_group and
+    rate_per_group count; `expires_in`: see enqueue_many.
     `after`: task ids that must all succeed first (see enqueue_many)."""
     target = sync_target(conn, "slotd.enqueue")
-    new = NewTask(task_type, payload, delay, key, priority, group, unique)
+    new = NewTask(task_type, payload, delay, key, priority, group, unique, expires_in)
     return enqueue_many(target, [new], max_attempts=max_attempts, schema=schema, after=after)[0]
 
 
@@ -193,12 +207,13 @@ async def enqueue_many_async(
     unique: str = "live",
     schema: str | None = None,
     after: Sequence[int] | None = None,
+    expires_in: timedelta | float | None = None,
 ) -> list[int]:
     """enqueue_many from asyncio: a psycopg AsyncConnection or AsyncCursor, or a SQLAlchemy
     AsyncSession or AsyncConnection on the psycopg driver. Same statement, same rules."""
     target = await async_target(conn, "slotd.enqueue_many_async")
     parents = parent_ids(after)
-    rows = _rows(items, parents)
+    rows = _expiring(_rows(items, parents), expires_in)
     schema = resolve_schema(schema)
     return await write_many_async(target, rows, parents, max_attempts, unique, schema)
 
@@ -252,9 +267,10 @@ async def enqueue_async(
     unique: str = "live",
     schema: str | None = None,
     after: Sequence[int] | None = None,
+    expires_in: timedelta | float | None = None,
 ) -> int:
     """enqueue from asyncio; see enqueue_many_async."""
     target = await async_target(conn, "slotd.enqueue_async")
-    new = NewTask(task_type, payload, delay, key, priority, group, unique)
+    new = NewTask(task_type, payload, delay, key, priority, group, unique, expires_in)
     many = enqueue_many_async(target, [new], max_attempts=max_attempts, schema=schema, after=after)
     return (await many)[0]

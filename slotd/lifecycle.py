@@ -67,6 +67,16 @@ nothing, and is told so (`lost`).
   (its replicas claim by that comparison); readers show dead_attempts, never the raise. A
   row whose final lease lapsed with nobody left to settle it carries no reason: readers
   infer 'exhausted' (or 'cancelled' from its cancel stamp). `slotd dead retry` clears both.
+- expired: a task enqueued with expires_in is never started after its expires_at: the
+  claim's claimable predicate refuses it from that instant, by the database's clock, so no
+  sweep has to be on time for the rule to hold. The expiry sweep (`expire`, on every
+  replica's chores thread each poll interval, all types, a batch per statement) then makes
+  each such task no lease holds a dead letter (dead_reason 'expired', sql `expire`), so it
+  leaves the discovery index instead of being passed over at every discovery, and
+  slotd.result answers "expired". A running attempt has started and is left to end; if it
+  fails, its retry would start after expires_at, so the next sweep expires it instead (a
+  stale e-mail is as stale on its second attempt). Counted as outcome `expired` by the
+  replica whose sweep made it.
 - handed over: a slot that dies holding a lease leaves it, with its last words (the
   attempt's outcome if the handler had ended), in its ledger; the supervisor settles it by
   those words, through the same `settle`, on its chores thread (`handed_over`).
@@ -480,6 +490,24 @@ def conclude(
     if not ledger.settled(settled, claimed.token, settlement.next, between):
         report("settled", *settled, claimed.token.bytes)
     return settlement
+
+
+# The expiry sweep's batch, and how many batches one sweep runs before it yields the chores
+# thread (a million rows expiring at once are swept over several poll intervals).
+EXPIRE_BATCH = 1000
+EXPIRE_ROUNDS = 20
+
+
+def expire(repo: Repository) -> dict[str, int]:
+    """The expiry sweep (see "expired" above): the tasks it made dead letters, per type."""
+    swept: dict[str, int] = {}
+    for _ in range(EXPIRE_ROUNDS):
+        found = repo.expire_batch(EXPIRE_BATCH)
+        for task_type, n in found.items():
+            swept[task_type] = swept.get(task_type, 0) + n
+        if sum(found.values()) < EXPIRE_BATCH:
+            break
+    return swept
 
 
 def handed_over(

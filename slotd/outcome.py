@@ -20,6 +20,8 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"
     LOST = "lost"
     CRASHED = "crashed"
+    # Not an attempt's end: a task that reached its expires_in unstarted (the expiry sweep).
+    EXPIRED = "expired"
 
 
 # What the runner (or the slot on its behalf) reports about a handler call.

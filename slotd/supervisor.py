@@ -30,7 +30,7 @@ from slotd.control_routing import ControlRouting
 from slotd.heartbeat import Heartbeat
 from slotd.ledger import Ledger, Settled
 from slotd.listener import Listener
-from slotd.outcome import Result
+from slotd.outcome import Outcome, Result
 from slotd.recorder import Recorder
 from slotd.registry import Registry
 from slotd.repository import Claimed
@@ -131,6 +131,8 @@ class Supervisor:
                 if now >= next_tick:
                     self.tokens.offer(remember=False)
                     next_tick = now + self.settings.poll_interval.total_seconds()
+                    if not chores.pending["expire"]:  # one sweep at a time (lifecycle)
+                        chores.post("expire", lambda: lifecycle.expire(chores.repo()))
                 if self.tokens.retry_due(now):  # a full rate window has room again
                     self.tokens.offer(remember=False)
                 if now >= next_heartbeat:
@@ -324,6 +326,13 @@ class Supervisor:
                 self.heartbeat.tally.add(lease.task_type, outcome)
                 if self.metrics is not None:
                     self.metrics.record_outcome(lease.task_type, outcome, duration, None)
+        elif done.name == "expire":
+            if done.error is not None:
+                log.warning("expiry sweep failed: %s", db.first_line(done.error))
+            for task_type, n in (done.value or {}).items():
+                log.info("%d %s task(s) expired unstarted", n, task_type)
+                for _ in range(n):
+                    self._count((task_type, str(Outcome.EXPIRED), None, None))
         elif done.name == "selftest":
             self.listener.selftest_sent(done)
         elif done.error is not None and done.name == "heartbeat":

@@ -10,7 +10,12 @@
 -- what keeps a cancelled task from ever being claimed again (see `cancel`).
 (t.run_at <= now() AND t.attempt_count < t.max_attempts
  AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= now())
- AND {unpaused})
+ AND {unpaused} AND {unexpired})
+
+-- predicate: unexpired
+-- Not past its expires_in (sql/023): from that instant no attempt starts, whether or not the
+-- expiry sweep has made it a dead letter yet.
+(t.expires_at IS NULL OR t.expires_at > now())
 
 -- predicate: unpaused
 -- Not of a paused type. NOT IN over an uncorrelated sub-select is a hashed SubPlan: the
@@ -45,9 +50,11 @@ coalesce(t.key, t.started_key)
 CASE WHEN isfinite(t.run_at) THEN t.run_at END AS run_at
 
 -- fragment: retired_at
--- When a dead letter stopped: its cancel, else its last attempt (a task cancelled before it
--- ever ran has no attempt). Retention and the listing measure from here.
-coalesce(t.cancelled_at, t.last_attempted_at)
+-- When a dead letter stopped: its cancel, its expiry (an expired task may never have run),
+-- else its last attempt (a task cancelled before it ever ran has no attempt). Retention and
+-- the listing measure from here.
+coalesce(t.cancelled_at, CASE WHEN t.dead_reason = 'expired' THEN t.expires_at END,
+         t.last_attempted_at)
 
 -- fragment: attempts_made
 -- The attempts a task really ran. A dead letter's count as it stopped (sql/021): every
@@ -243,13 +250,13 @@ SET LOCAL transaction_isolation TO 'read committed'
 -- was enqueued under the same span), NULL when no span was active.
 WITH input AS (
     SELECT i.ord, i.task_type, i.payload, i.key, i.delay_s, i.priority, i.task_group, i.lead_s,
-           coalesce(i.pending, false) AS pending,
+           coalesce(i.pending, false) AS pending, i.expires_s,
            nextval(pg_get_serial_sequence('slotd_tasks', 'id')) AS new_id
     FROM unnest(%(types)s::text[], %(payloads)s::jsonb[], %(keys)s::text[],
                 %(delays)s::float8[], %(priorities)s::smallint[], %(groups)s::text[],
-                %(leads)s::float8[], %(pending)s::boolean[])
+                %(leads)s::float8[], %(pending)s::boolean[], %(expires)s::float8[])
          WITH ORDINALITY AS i(task_type, payload, key, delay_s, priority, task_group, lead_s,
-                              pending, ord)
+                              pending, expires_s, ord)
 ), existing_live AS (
     -- unique="live": any live row with the key. One index look-up per keyed input row;
     -- unkeyed rows never touch the table here.
@@ -281,11 +288,12 @@ WITH input AS (
 ), ins AS (
     INSERT INTO slotd_tasks (id, task_type, payload, key, run_at, max_attempts,
                              max_attempts_explicit, priority, task_group, order_at,
-                             unique_pending, trace_context)
+                             unique_pending, trace_context, expires_at)
     SELECT i.new_id, i.task_type, i.payload, i.key,
            now() + make_interval(secs => i.delay_s), %(max_attempts)s, %(explicit)s,
            i.priority, i.task_group, now() + make_interval(secs => i.delay_s - i.lead_s),
-           i.pending AND i.key IS NOT NULL, %(trace)s::jsonb
+           i.pending AND i.key IS NOT NULL, %(trace)s::jsonb,
+           now() + make_interval(secs => i.expires_s)
     FROM input i
     WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = i.ord)
     ORDER BY i.ord
@@ -838,6 +846,8 @@ SET attempt_count = 0, run_at = now(), order_at = now() - {head_start},
     -- counted, sql/021) stays in its batch, which completes when it ends.
     batch_id = CASE WHEN t.dead_reason IS NULL THEN t.batch_id END,
     dead_reason = NULL, dead_attempts = NULL,
+    -- An operator's retry of an expired task means "run it anyway": its expiry goes.
+    expires_at = NULL,
     final_attempt_refunded = false  -- a fresh start: a rollout may give one back again
 FROM chosen
 WHERE t.id = chosen.id
@@ -1097,6 +1107,57 @@ WITH settled AS (
 ), {batch_counted}
 SELECT s.id, pg_notify('slotd_result', s.id::text) FROM settled s
 CROSS JOIN (SELECT count(*) FROM batch_woken) callbacks
+
+-- name: expire
+-- The expiry sweep (slotd/lifecycle.py, "expired"): tasks past their expires_at that no lease
+-- holds, soonest first through slotd_tasks_expiring, a batch per statement. Each becomes a
+-- dead letter by the statement that decides it: dead_reason 'expired', the attempts it ran
+-- kept in dead_attempts, attempt_count raised to the threshold (what makes it dead for
+-- every reader and for 0.1.0 replicas, as a cancel does) so it leaves the discovery and
+-- dedupe indexes. A running attempt has started: it is not expired, and a failure's retry
+-- after expires_at is (no attempt starts after it). FOR UPDATE SKIP LOCKED: a claim taking
+-- the row, or another replica's sweep, is passed over. As any terminal state does, in the
+-- same statement: its dependants are cancelled (transitively, 'parent_failed', %(cause)s
+-- naming it), and it and they are counted in their batches (expired / cancelled). Each
+-- ended task's result notification (slotd.wait_result) goes out with the commit.
+WITH RECURSIVE due AS (
+    SELECT t.id FROM slotd_tasks t
+    WHERE t.expires_at <= now() AND t.attempt_count < t.max_attempts
+      AND NOT {lease_live}
+    ORDER BY t.expires_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), expired AS (
+    UPDATE slotd_tasks t
+    SET dead_reason = 'expired',
+        dead_attempts = t.attempt_count,
+        attempt_count = greatest(t.attempt_count, t.max_attempts),
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        last_error = format('expired at %%s %%s',
+            to_char(t.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+            CASE WHEN t.attempt_count = 0 THEN 'before it started'
+                 ELSE format('after %%s attempt(s); last error: %%s', t.attempt_count,
+                             coalesce(t.last_error, 'none')) END)
+    FROM due
+    WHERE t.id = due.id
+    RETURNING t.id, t.task_type, t.has_dependants, t.batch_id
+), doomed(id, root) AS (
+    SELECT e.child_id, x.id FROM expired x JOIN slotd_dependencies e ON e.parent_id = x.id
+    WHERE x.has_dependants
+    UNION
+    SELECT e.child_id, d.root FROM slotd_dependencies e JOIN doomed d ON e.parent_id = d.id
+), {dependants_cancelled}, ended AS (
+    SELECT x.id, x.batch_id, 'expired' AS outcome FROM expired x WHERE x.batch_id IS NOT NULL
+    UNION ALL
+    SELECT c.id, c.batch_id, 'cancelled' FROM cancelled c WHERE c.batch_id IS NOT NULL
+), {batch_counted}
+SELECT e.task_type, count(*) AS expired
+FROM expired e
+CROSS JOIN LATERAL (SELECT pg_notify('slotd_result', e.id::text)) n
+CROSS JOIN (SELECT count(*) FROM told) cascaded
+CROSS JOIN (SELECT count(*) FROM batch_woken) callbacks
+GROUP BY e.task_type
 
 -- name: pause
 -- Fleet-wide: the claim statement reads this table, so a pause needs no replica to hear of

@@ -315,6 +315,10 @@ def _running(count: int, limit: tuple[int | None, int | None] | None) -> str | i
     help="With --key: dedupe against a live task (pending or running), or a pending one only.",
 )
 @click.option("--after", type=int, multiple=True, help="Run once this task succeeded (repeatable).")
+@click.option(
+    "--expires-in",
+    help="Not started within this long (e.g. 1h): never runs, ends an 'expired' dead letter.",
+)
 @click.pass_context
 def enqueue(
     ctx: click.Context,
@@ -327,6 +331,7 @@ def enqueue(
     group: str | None,
     unique: str,
     after: tuple[int, ...],
+    expires_in: str | None,
 ) -> None:
     """Add one task and commit it; prints its id (or the live task's id with that key)."""
     name = _task_type(task_type) or task_type
@@ -354,6 +359,9 @@ def enqueue(
         raise ConfigError("bad --unique pending: it needs a --key")
     if after and (key is not None or wait):
         raise ConfigError("bad --after: it cannot be combined with --key or --delay")
+    expiry = _duration(expires_in, "--expires-in")
+    if expiry is not None and expiry <= (wait or timedelta(0)):
+        raise ConfigError("bad --expires-in: it must be longer than --delay, or it never runs")
     with _repository(ctx, "enqueue") as repo, repo.write.transaction():
         try:
             task_id = enqueue_task(
@@ -367,6 +375,7 @@ def enqueue(
                 group=group,
                 unique=unique,
                 after=list(after) or None,
+                expires_in=expiry,
             )
         except UnknownParents as exc:
             raise SlotdError(str(exc)) from None

@@ -42,6 +42,27 @@ class NewTask:
     # What a key dedupes against: "live" (a pending or running task) or "pending" (one
     # not started yet). None: the call's `unique=` (default "live").
     unique: str | None = None
+    # Not started within this long of the enqueue: never starts, ends "expired". None: the
+    # call's `expires_in=` (default: never).
+    expires_in: timedelta | float | None = None
+
+
+def _expires(value: object, row: NewTask, delay_s: float) -> float | None:
+    """Seconds from the enqueue to the task's expiry, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
+        raise TypeError(f"task {row.task_type!r}: expires_in must be a timedelta or seconds")
+    seconds = _seconds(value)
+    if seconds <= 0:
+        raise ValueError(f"task {row.task_type!r}: expires_in must be positive, got {value!r}")
+    if seconds <= delay_s:
+        # It would expire before it is due: it could never run.
+        raise ValueError(
+            f"task {row.task_type!r}: expires_in ({seconds:g}s) must be longer than the "
+            f"delay ({delay_s:g}s), or the task could never start"
+        )
+    return seconds
 
 
 def _unique(value: object, row: NewTask) -> bool:
@@ -71,6 +92,7 @@ def enqueue_params(
     priority_step: timedelta = timedelta(seconds=1),
     unique: str = "live",
     trace: str | None = None,
+    expires_in: timedelta | float | None = None,
 ) -> dict[str, Any] | None:
     """The `enqueue` statement's parameters, or None for no items. The one place producer
     input is validated (the sync and asyncio paths share it): everything is checked before
@@ -83,7 +105,7 @@ def enqueue_params(
         return None
     step = priority_step.total_seconds()
     types, payloads, keys, delays, priorities, groups, leads = [], [], [], [], [], [], []
-    pending = []
+    pending, expires = [], []
     for row in rows:
         types.append(validate_type_name(row.task_type))
         payloads.append(_json_object(row.payload, row.task_type))
@@ -97,6 +119,8 @@ def enqueue_params(
         groups.append(row.group)
         leads.append(priorities[-1] * step)
         pending.append(_unique(unique if row.unique is None else row.unique, row))
+        own = row.expires_in if row.expires_in is not None else expires_in
+        expires.append(_expires(own, row, delays[-1]))
     return {
         "types": types,
         "payloads": payloads,
@@ -106,6 +130,7 @@ def enqueue_params(
         "groups": groups,
         "leads": leads,
         "pending": pending,
+        "expires": expires,
         "max_attempts": max_attempts,
         "explicit": explicit,
         "trace": trace,
@@ -122,6 +147,7 @@ def enqueue_many(
     unique: str = "live",
     trace: str | None = None,
     schema: str | None = None,
+    expires_in: timedelta | float | None = None,
 ) -> list[int]:
     """Insert tasks inside the caller's transaction and return their ids, in order; a key
     with a live row (unique="pending": a row not started yet) returns that row's id.
@@ -135,6 +161,7 @@ def enqueue_many(
         priority_step=priority_step,
         unique=unique,
         trace=trace,
+        expires_in=expires_in,
     )
     if params is None:
         return []
@@ -180,6 +207,7 @@ async def enqueue_many_async(
     unique: str = "live",
     trace: str | None = None,
     schema: str | None = None,
+    expires_in: timedelta | float | None = None,
 ) -> list[int]:
     """enqueue_many on a psycopg AsyncConnection or AsyncCursor: the same statement."""
     schema = resolve_schema(schema)
@@ -190,6 +218,7 @@ async def enqueue_many_async(
         priority_step=priority_step,
         unique=unique,
         trace=trace,
+        expires_in=expires_in,
     )
     if params is None:
         return []

@@ -20,6 +20,7 @@ from slotd.task import Task
 # The reason a dependant's cancel gives when a parent's attempts ran out (format(): %s is
 # the parent's id, or the ancestor's whose end doomed it).
 PARENT_FAILED = "cancelled: task %s, which it waits on, failed"
+PARENT_EXPIRED = "cancelled: task %s, which it waits on, expired"
 
 
 @dataclass(frozen=True)
@@ -395,6 +396,12 @@ class QueueProtocol(Lanes):
     def settle_cancelled(self, task_id: int, token: uuid.UUID) -> bool:
         count, _ = self._write("settle_cancelled", {"id": task_id, "token": token})
         return count == 1
+
+    def expire_batch(self, batch: int = 1000) -> dict[str, int]:
+        """Up to `batch` tasks past their expires_at that no lease holds, made dead letters
+        with reason 'expired' (slotd.lifecycle.expire); how many of each type."""
+        _, rows = self._write("expire", {"batch": batch, "cause": PARENT_EXPIRED})
+        return {task_type: int(n) for task_type, n in rows}
 
     def cancel_reason(self, task_id: int, token: uuid.UUID) -> str | None:
         """The cancel's reason when an operator cancelled this lease's task, else None. On
