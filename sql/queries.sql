@@ -50,11 +50,11 @@ coalesce(t.key, t.started_key)
 CASE WHEN isfinite(t.run_at) THEN t.run_at END AS run_at
 
 -- fragment: retired_at
--- When a dead letter stopped: its cancel, its expiry (an expired task may never have run),
--- else its last attempt (a task cancelled before it ever ran has no attempt). Retention and
--- the listing measure from here.
-coalesce(t.cancelled_at, CASE WHEN t.dead_reason = 'expired' THEN t.expires_at END,
-         t.last_attempted_at)
+-- When a dead letter stopped: its cancel, else its last attempt (a task cancelled before it
+-- ever ran has no attempt; one that expired before it ever ran carries its expiry there,
+-- see `expire`). Retention and the listing measure from here, through the expression
+-- indexes of sql/010: keep it this expression.
+coalesce(t.cancelled_at, t.last_attempted_at)
 
 -- fragment: attempts_made
 -- The attempts a task really ran. A dead letter's count as it stopped (sql/021): every
@@ -1134,6 +1134,9 @@ WITH RECURSIVE due AS (
         attempt_count = greatest(t.attempt_count, t.max_attempts),
         lease_token = NULL,
         lease_expires_at = NULL,
+        -- Where retention and the listing read when a dead letter stopped ({retired_at}):
+        -- a task that never ran has no attempt, so its expiry stands in.
+        last_attempted_at = coalesce(t.last_attempted_at, t.expires_at),
         last_error = format('expired at %%s %%s',
             to_char(t.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
             CASE WHEN t.attempt_count = 0 THEN 'before it started'
@@ -1511,6 +1514,12 @@ FROM {linked_told}
 -- of plain ones. The claim's snapshot is the statement's: a dependant this success made
 -- due, or the callback it enqueued, is not claimed by it (their wakes bring a slot).
 WITH {linked_settled}, {claim_ctes}
+SELECT (SELECT count(*) FROM done) AS dequeued, c.*
+FROM {linked_told}, (SELECT 1) AS one LEFT JOIN claimed c ON true
+
+-- name: dequeue_linked_claim_rated
+-- dequeue_linked_claim whose claim may pick a rated type (claim_ctes_rated).
+WITH {linked_settled}, {claim_ctes_rated}
 SELECT (SELECT count(*) FROM done) AS dequeued, c.*
 FROM {linked_told}, (SELECT 1) AS one LEFT JOIN claimed c ON true
 

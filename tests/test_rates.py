@@ -245,7 +245,7 @@ def test_only_a_claim_that_may_pick_a_rated_type_names_the_rate_tables(
     """Every table a statement names is locked and opened on each execution: unrated work's
     claims keep the statements they had, and the claim riding on a settlement counts a
     rated start like any claim."""
-    for name in ("claim", "dequeue_claim", "dequeue_keep_claim"):
+    for name in ("claim", "dequeue_claim", "dequeue_keep_claim", "dequeue_linked_claim"):
         assert "slotd_rate" not in statements()[name]
         assert "slotd_rate_starts" in statements()[f"{name}_rated"]
     reg = rated(rate=(2, timedelta(seconds=60)))
