@@ -16,6 +16,16 @@ import slotd
 from tests.daemon import ROOT, Daemon, wait_for
 
 
+def noop_outcomes(metrics_url: str) -> dict[str, float]:
+    """slotd_task_outcomes_total of rt.noop by outcome, from a replica's /metrics."""
+    body = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    return {
+        line.split('outcome="')[1].split('"')[0]: float(line.split()[-1])
+        for line in body.splitlines()
+        if line.startswith("slotd_task_outcomes_total{") and 'task_type="rt.noop"' in line
+    }
+
+
 def test_run_refuses_faults_unless_allowed(db_url: str) -> None:
     env = {"SLOTD_DATABASE_URL": db_url, "SLOTD_FAULT_ERROR": "0.5", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
@@ -107,13 +117,7 @@ def test_a_slot_dying_around_its_settlement_counts_each_task_once(
     daemon.start()
     url = daemon.wait_line(r"metrics on ").split("metrics on ")[1].strip()
 
-    def counted() -> dict[str, float]:
-        body = urllib.request.urlopen(url, timeout=5).read().decode()
-        return {
-            line.split('outcome="')[1].split('"')[0]: float(line.split()[-1])
-            for line in body.splitlines()
-            if line.startswith("slotd_task_outcomes_total{") and 'task_type="rt.noop"' in line
-        }
+    counted = lambda: noop_outcomes(url)  # noqa: E731
 
     ids = slotd.enqueue_many(qconn, [("rt.noop", {"n": n}) for n in range(40)])
     wait_for(
@@ -170,13 +174,7 @@ def test_a_success_whose_answer_was_lost_is_counted_a_success_when_nothing_rode_
     faults = lambda: sum("injected fault: answer_lost" in ln for ln in daemon.lines)  # noqa: E731
     wait_for(lambda: faults() >= 3, timeout=30, what="the three faults logged")
 
-    def counted() -> dict[str, float]:
-        body = urllib.request.urlopen(url, timeout=5).read().decode()
-        return {
-            line.split('outcome="')[1].split('"')[0]: float(line.split()[-1])
-            for line in body.splitlines()
-            if line.startswith("slotd_task_outcomes_total{") and 'task_type="rt.noop"' in line
-        }
+    counted = lambda: noop_outcomes(url)  # noqa: E731
 
     wait_for(lambda: counted().get("success", 0) >= 3, timeout=90, what="3 successes counted")
     assert {k: v for k, v in counted().items() if v} == {"success": 3}
@@ -205,13 +203,7 @@ def test_a_chained_claim_whose_answer_was_lost_is_found_by_its_token(
     daemon.start()
     url = daemon.wait_line(r"metrics on ").split("metrics on ")[1].strip()
 
-    def counted() -> dict[str, float]:
-        body = urllib.request.urlopen(url, timeout=5).read().decode()
-        return {
-            line.split('outcome="')[1].split('"')[0]: float(line.split()[-1])
-            for line in body.splitlines()
-            if line.startswith("slotd_task_outcomes_total{") and 'task_type="rt.noop"' in line
-        }
+    counted = lambda: noop_outcomes(url)  # noqa: E731
 
     ids = slotd.enqueue_many(qconn, [("rt.noop", {"n": n}) for n in range(40)])
     daemon.wait_line(r"injected fault: answer_lost")

@@ -7,8 +7,6 @@ so every reader shows dead_attempts instead: a task cancelled during its first a
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -19,19 +17,8 @@ import pytest
 import slotd
 from slotd.registry import Registry
 from slotd.repository import Repository, migrations
-from tests.daemon import ROOT, Daemon, wait_for
-
-
-def cli(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """The command as an operator types it, in its own process."""
-    return subprocess.run(
-        [sys.executable, "-m", "slotd", *args],
-        env={"PATH": "/usr/bin:/bin", "SLOTD_DATABASE_URL": db_url, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+from tests.daemon import Daemon, wait_for
+from tests.test_control_runtime import cli
 
 
 def dead_letter(db_url: str, task_id: int) -> dict[str, Any]:
