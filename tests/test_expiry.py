@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from datetime import timedelta
@@ -20,7 +18,8 @@ import slotd
 from slotd import lifecycle
 from slotd.registry import Registry
 from slotd.repository import Repository, limit_params, statements
-from tests.daemon import ROOT, Daemon, wait_for
+from tests.daemon import Daemon, wait_for
+from tests.test_control_runtime import cli
 
 MINUTE = timedelta(minutes=1)
 
@@ -36,17 +35,6 @@ def expire_now(conn: psycopg.Connection[Any], *ids: int) -> None:
     conn.execute(
         "UPDATE slotd_tasks SET expires_at = now() - interval '1 second' WHERE id = ANY(%s)",
         (list(ids),),
-    )
-
-
-def cli(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "slotd", *args],
-        env={"PATH": "/usr/bin:/bin", "SLOTD_DATABASE_URL": db_url, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
 
 
