@@ -65,8 +65,18 @@ nothing, and is told so (`lost`).
   and the attempts it really ran (dead_attempts). Being dead is still attempt_count >=
   max_attempts in this release, so a cancel raises the count to the threshold as 0.1.0 did
   (its replicas claim by that comparison); readers show dead_attempts, never the raise. A
-  row whose final lease lapsed with nobody left to settle it carries no reason: readers
-  infer 'exhausted' (or 'cancelled' from its cancel stamp). `slotd dead retry` clears both.
+  row made dead by a 0.1.0 replica carries no reason: readers infer 'exhausted' (or
+  'cancelled' from its cancel stamp). `slotd dead retry` clears both.
+- lapsed: a final attempt whose lease ran out with nobody left to settle it (its whole
+  replica died: a slot's death alone is handed over, below) is dead by the predicate from
+  that instant, but nothing wrote its end, so its dependants would wait and its batch
+  never call back. The lapse sweep (`sweep`, beside the expiry sweep) writes it: the lease
+  cleared, dead_reason 'exhausted' (a cancelled attempt keeps 'cancelled'), the attempts
+  it ran, an error naming the lapse, its dependants cancelled and its batch counted (sql
+  `lapsed`), in one statement. Counted as outcome `crashed` (`cancelled` for a cancelled
+  attempt) by the replica whose sweep settled it. A holder still alive past its lease has
+  lost it already (it retries a settlement only while its lease lasts): the sweep clears
+  the token its late write is fenced on, and that write is `lost`.
 - expired: a task enqueued with expires_in is never started after its expires_at: the
   claim's claimable predicate refuses it from that instant, by the database's clock, so no
   sweep has to be on time for the rule to hold. The expiry sweep (`expire`, on every
@@ -500,11 +510,44 @@ EXPIRE_ROUNDS = 20
 
 def expire(repo: Repository) -> dict[str, int]:
     """The expiry sweep (see "expired" above): the tasks it made dead letters, per type."""
-    swept: dict[str, int] = {}
+    return _swept(repo.expire_batch)
+
+
+def lapse(repo: Repository) -> dict[tuple[str, str], int]:
+    """The lapse sweep (see "lapsed" above): the final attempts it settled, per (type,
+    dead_reason)."""
+    return _swept(repo.lapsed_batch)
+
+
+@dataclass(frozen=True)
+class Swept:
+    expired: dict[str, int]
+    lapsed: dict[tuple[str, str], int]
+
+    def outcomes(self) -> list[tuple[str, Outcome, int]]:
+        """What each swept task counts as in the outcome tally: (type, outcome, n)."""
+        counted = [(t, Outcome.EXPIRED, n) for t, n in self.expired.items()]
+        for (task_type, reason), n in self.lapsed.items():
+            lapsed = Outcome.CANCELLED if reason == "cancelled" else Outcome.CRASHED
+            counted.append((task_type, lapsed, n))
+        return counted
+
+
+def sweep(repo: Repository) -> Swept:
+    """Both sweeps, one chore each poll interval on every replica: FOR UPDATE SKIP LOCKED
+    shares the rows out, so a fleet sweeps each row once."""
+    return Swept(expire(repo), lapse(repo))
+
+
+K = TypeVar("K")
+
+
+def _swept(batch: Callable[[int], dict[K, int]]) -> dict[K, int]:
+    swept: dict[K, int] = {}
     for _ in range(EXPIRE_ROUNDS):
-        found = repo.expire_batch(EXPIRE_BATCH)
-        for task_type, n in found.items():
-            swept[task_type] = swept.get(task_type, 0) + n
+        found = batch(EXPIRE_BATCH)
+        for key, n in found.items():
+            swept[key] = swept.get(key, 0) + n
         if sum(found.values()) < EXPIRE_BATCH:
             break
     return swept

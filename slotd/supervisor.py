@@ -30,7 +30,7 @@ from slotd.control_routing import ControlRouting
 from slotd.heartbeat import Heartbeat
 from slotd.ledger import Ledger, Settled
 from slotd.listener import Listener
-from slotd.outcome import Outcome, Result
+from slotd.outcome import Result
 from slotd.recorder import Recorder
 from slotd.registry import Registry
 from slotd.repository import Claimed
@@ -131,8 +131,8 @@ class Supervisor:
                 if now >= next_tick:
                     self.tokens.offer(remember=False)
                     next_tick = now + self.settings.poll_interval.total_seconds()
-                    if not chores.pending["expire"]:  # one sweep at a time (lifecycle)
-                        chores.post("expire", lambda: lifecycle.expire(chores.repo()))
+                    if not chores.pending["sweep"]:  # one sweep at a time (lifecycle)
+                        chores.post("sweep", lambda: lifecycle.sweep(chores.repo()))
                 if self.tokens.retry_due(now):  # a full rate window has room again
                     self.tokens.offer(remember=False)
                 if now >= next_heartbeat:
@@ -326,13 +326,23 @@ class Supervisor:
                 self.heartbeat.tally.add(lease.task_type, outcome)
                 if self.metrics is not None:
                     self.metrics.record_outcome(lease.task_type, outcome, duration, None)
-        elif done.name == "expire":
+        elif done.name == "sweep":
             if done.error is not None:
-                log.warning("expiry sweep failed: %s", db.first_line(done.error))
-            for task_type, n in (done.value or {}).items():
+                log.warning("sweep failed: %s", db.first_line(done.error))
+                return
+            for (task_type, reason), n in done.value.lapsed.items():
+                log.warning(
+                    "%d %s task(s) became dead letters (%s): their final attempt's lease "
+                    "lapsed with no replica left to settle it",
+                    n,
+                    task_type,
+                    reason,
+                )
+            for task_type, n in done.value.expired.items():
                 log.info("%d %s task(s) expired unstarted", n, task_type)
+            for task_type, outcome, n in done.value.outcomes():
                 for _ in range(n):
-                    self._count((task_type, str(Outcome.EXPIRED), None, None))
+                    self._count((task_type, str(outcome), None, None))
         elif done.name == "selftest":
             self.listener.selftest_sent(done)
         elif done.error is not None and done.name == "heartbeat":

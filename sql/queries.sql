@@ -1162,6 +1162,65 @@ CROSS JOIN (SELECT count(*) FROM told) cascaded
 CROSS JOIN (SELECT count(*) FROM batch_woken) callbacks
 GROUP BY e.task_type
 
+-- name: lapsed
+-- The lapse sweep (slotd/lifecycle.py, "lapsed"): a final attempt whose lease ran out with
+-- nobody left to settle it. A slot's death alone is settled by its supervisor at once
+-- (handed_over); this is the whole replica gone (kill -9 of its process group, its host
+-- lost). The row is already dead by {dead}; this writes the end its settlement would have:
+-- the lease cleared, dead_reason 'exhausted' (a cancelled attempt keeps its cancel's), the
+-- attempts it ran, an error saying what happened, and, as every terminal state does in the
+-- same statement, its dependants cancelled (transitively, 'parent_failed', %(cause)s naming
+-- it) and it and they counted in their batches, each ended task told on the result channel.
+-- Without it, its dependants waited and its batch never called back until `slotd dead
+-- retry`. Safe against a holder that is still alive: a slot retries a settlement only while
+-- its lease lasts, so a lapsed lease is lost to it whatever happens next (its late write,
+-- fenced on the token this clears, is `lost`). FOR UPDATE SKIP LOCKED: another replica's
+-- sweep, or a settlement, holding the row is passed over. The leased rows are read through
+-- slotd_tasks_leased_group, an index of the leases only: a handful of rows, whatever the
+-- backlog.
+WITH RECURSIVE due AS (
+    SELECT t.id FROM slotd_tasks t
+    WHERE t.lease_token IS NOT NULL AND t.attempt_count >= t.max_attempts
+      AND t.lease_expires_at <= now()
+    ORDER BY t.lease_expires_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), lapsed AS (
+    UPDATE slotd_tasks t
+    SET lease_token = NULL,
+        lease_expires_at = NULL,
+        dead_reason = coalesce(t.dead_reason, 'exhausted'),
+        dead_attempts = coalesce(t.dead_attempts, t.attempt_count),
+        last_error = CASE WHEN t.cancelled_at IS NOT NULL THEN t.last_error
+            ELSE format('its final attempt (%%s) was never settled: its lease lapsed at %%s '
+                        'with no replica left holding it; last error: %%s', t.attempt_count,
+                        to_char(t.lease_expires_at AT TIME ZONE 'UTC',
+                                'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+                        coalesce(t.last_error, 'none')) END
+    FROM due
+    WHERE t.id = due.id
+    RETURNING t.id, t.task_type, t.has_dependants, t.batch_id, t.dead_reason
+), doomed(id, root) AS (
+    SELECT e.child_id, x.id FROM lapsed x JOIN slotd_dependencies e ON e.parent_id = x.id
+    WHERE x.has_dependants AND x.dead_reason = 'exhausted'
+    UNION
+    SELECT e.child_id, d.root FROM slotd_dependencies e JOIN doomed d ON e.parent_id = d.id
+), {dependants_cancelled}, ended AS (
+    -- A cancelled running task's cancel left its end to its settlement (see `cancel`): this
+    -- is that settlement.
+    SELECT x.id, x.batch_id,
+           CASE x.dead_reason WHEN 'exhausted' THEN 'failed' ELSE 'cancelled' END AS outcome
+    FROM lapsed x WHERE x.batch_id IS NOT NULL
+    UNION ALL
+    SELECT c.id, c.batch_id, 'cancelled' FROM cancelled c WHERE c.batch_id IS NOT NULL
+), {batch_counted}
+SELECT x.task_type, x.dead_reason, count(*) AS lapsed
+FROM lapsed x
+CROSS JOIN LATERAL (SELECT pg_notify('slotd_result', x.id::text)) n
+CROSS JOIN (SELECT count(*) FROM told) cascaded
+CROSS JOIN (SELECT count(*) FROM batch_woken) callbacks
+GROUP BY x.task_type, x.dead_reason
+
 -- name: pause
 -- Fleet-wide: the claim statement reads this table, so a pause needs no replica to hear of
 -- it; the control notification is for their logs.

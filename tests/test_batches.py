@@ -261,26 +261,6 @@ def test_eager_mode_runs_a_batchs_tasks_once_its_block_sealed_it(
     assert report["batch"]["succeeded"] == 2
 
 
-def test_a_lapsed_final_attempt_stays_in_its_batch_until_retried_and_ended(
-    conn: psycopg.Connection[Any],
-) -> None:
-    """A final attempt whose lease lapsed with its whole replica gone is dead by no
-    statement, so uncounted: the batch waits; `dead retry` runs it again inside the batch,
-    and its end completes the batch."""
-    repo, reg = Repository(conn), _registry()
-    with slotd.batch(conn, on_complete=("fl.report", {})) as b:
-        a = b.enqueue("fl.member", {}, max_attempts=1)
-    assert repo.claim([a], reg) is not None
-    conn.execute("UPDATE slotd_tasks SET lease_expires_at = now() - interval '1s'")
-    assert [d["id"] for d in repo.dead_list()] == [a]  # dead, by no settlement
-    assert _reports(conn) == [] and batches_in_flight(conn)[0].done == 0
-    assert repo.dead_retry_batch(ids=[a]) == [a]
-    claimed = repo.claim([a], reg)
-    assert claimed is not None and claimed.batch_id == b.id
-    repo.dequeue_linked(a, claimed.token, None, None)
-    assert [r["batch"]["succeeded"] for r in _reports(conn)] == [1]
-
-
 def test_a_batch_and_its_dependants_live_in_the_schema_they_are_given(
     pg_server: Any,
 ) -> None:

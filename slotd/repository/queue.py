@@ -403,6 +403,13 @@ class QueueProtocol(Lanes):
         _, rows = self._write("expire", {"batch": batch, "cause": PARENT_EXPIRED})
         return {task_type: int(n) for task_type, n in rows}
 
+    def lapsed_batch(self, batch: int = 1000) -> dict[tuple[str, str], int]:
+        """Up to `batch` final attempts whose lease lapsed with nobody to settle them, given
+        the end their settlement would have written (slotd.lifecycle.sweep); how many of
+        each (type, dead_reason)."""
+        _, rows = self._write("lapsed", {"batch": batch, "cause": PARENT_FAILED})
+        return {(task_type, reason): int(n) for task_type, reason, n in rows}
+
     def cancel_reason(self, task_id: int, token: uuid.UUID) -> str | None:
         """The cancel's reason when an operator cancelled this lease's task, else None. On
         the write lane: a replica's lag must not hide a cancel."""
