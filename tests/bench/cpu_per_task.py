@@ -2,12 +2,13 @@
 
     python tests/bench/cpu_per_task.py [--n 5000] [--slots 4] [--rounds 2] [--py-spy DIR]
         [--types bench.noop,bench.async_noop,bench.noop+otel,bench.async_noop+otel]
-        [--schemas public,jobs] [--claims 2000]
+        [--schemas public,jobs] [--claims 2000] [--times total|user|system]
 
 Starts its own PostgreSQL (fsync on), runs `slotd run --slots N` (metrics off) as users run
 it, bulk-enqueues n no-op tasks (sync `bench.noop` and async `bench.async_noop`, interleaved
 rounds) and divides the CPU seconds each process spent over the drain by the tasks drained.
-CPU seconds, unlike tasks/s, stay meaningful on a machine shared with other load.
+CPU seconds, unlike tasks/s, stay meaningful on a machine shared with other load; --times
+user or system counts only that part of them (Python's own work, or the system calls).
 
 A kind ending in "+otel" runs with tracing on: the tasks are enqueued with slotd.enqueue_many
 inside a span (so each row carries a trace context) and every runner has the OpenTelemetry
@@ -54,8 +55,16 @@ from tests.daemon import Daemon, wait_for  # noqa: E402
 ROLES = ("supervisor", "slots", "runners", "pg slotd backends", "pg other")
 
 
+# Which CPU seconds count (--times): user + system, or one of them (is it Python or syscalls?).
+TIMES = "total"
+
+
 def _cpu(p: psutil.Process) -> float:
     t = p.cpu_times()
+    if TIMES == "user":
+        return t.user
+    if TIMES == "system":
+        return t.system
     return t.user + t.system
 
 
@@ -273,7 +282,10 @@ def main() -> None:
     parser.add_argument("--py-spy", type=Path, default=None, dest="spy")
     parser.add_argument("--schemas", default="public")
     parser.add_argument("--claims", type=int, default=0)
+    parser.add_argument("--times", choices=("total", "user", "system"), default="total")
     args = parser.parse_args()
+    global TIMES
+    TIMES = args.times
     schemas = args.schemas.split(",")
     kinds = [k if s == "public" else f"{k}@{s}" for k in args.types.split(",") for s in schemas]
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

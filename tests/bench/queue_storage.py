@@ -3,7 +3,7 @@ dead letters, and retention of them (#26).
 
     python tests/bench/queue_storage.py drains [--drains 8] [--n 20000] [--slots 4]
                                                [--settings before after]
-    python tests/bench/queue_storage.py volume [--dead 1000000] [--due 1000]
+    python tests/bench/queue_storage.py volume [--dead 1000000] [--due 1000] [--results 1000000]
     python tests/bench/queue_storage.py retention [--dead 1000000] [--batch 5000]
 
 drains: the issue's repro. A fresh server per setting (fsync on, autovacuum at PostgreSQL's
@@ -11,10 +11,12 @@ defaults), `slotd run --slots 4` draining N bulk-enqueued no-op tasks, eight tim
 Per drain: tasks/s, the discover statement's mean and max (pg_stat_statements, reset per
 drain), the table's dead tuples and size after it, and the autovacuum runs during it.
 `before` is the queue table's storage settings as sql/001 left them, `after` as sql/014
-sets them.
+sets them, `after+ff100` those with fillfactor 100 instead of 70.
 
-volume: the discover and claim statements (prepared, median and p99 of --runs) beside --due
-due rows, with 0 and then --dead dead letters of the same type in the table.
+volume: the discover and claim statements and a settlement that keeps its result (prepared,
+median and p99 of --runs) beside --due due rows, with nothing, then --dead dead letters of the
+same type in the table, then --results kept results beside them too; then the retention
+chore's prune of those results once they all expired.
 
 retention: Repository.prune_dead over --dead dead letters in batches of --batch (each its
 own short transaction), with a claimer timing claims beside it: the whole prune's time,
@@ -109,7 +111,8 @@ def drains(args: argparse.Namespace) -> None:
     for setting in args.settings:
         tmp = Path(tempfile.mkdtemp(prefix="slotd-storage-"))
         tmp.chmod(0o711)
-        # "after+naptime10s": a server-wide autovacuum_naptime of 10 s (no table can set it).
+        # "after+naptime10s": a server-wide autovacuum_naptime of 10 s (no table can set it);
+        # "after+ff100": sql/014's settings with fillfactor 100.
         extra = ["-c autovacuum_naptime=10s"] if setting.endswith("naptime10s") else []
         pg = server(tmp, 55_400 + os.getpid() % 500, *extra)
         pg.start()
@@ -119,6 +122,8 @@ def drains(args: argparse.Namespace) -> None:
                 conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
                 if setting.startswith("before"):
                     conn.execute(BEFORE)
+                if "+ff100" in setting:  # no room kept on a page: is fillfactor 70 worth it?
+                    conn.execute("ALTER TABLE slotd_tasks SET (fillfactor = 100)")
                 opts = conn.execute(
                     "SELECT reloptions FROM pg_class WHERE relname = 'slotd_tasks'"
                 ).fetchone()
@@ -188,10 +193,48 @@ def fill_dead(conn: psycopg.Connection[Any], n: int, task_type: str) -> None:
     conn.execute("VACUUM ANALYZE slotd_tasks")
 
 
+def fill_results(conn: psycopg.Connection[Any], n: int, task_type: str) -> None:
+    """n kept results (keep_result, a week left each), as a month of a results-keeping type
+    leaves them, in 100k-row statements; ids far above the queue's own."""
+    for start in range(0, n, 100_000):
+        size = min(100_000, n - start)
+        conn.execute(
+            "INSERT INTO slotd_results (task_id, task_type, value, expires_at)"
+            ' SELECT 1000000000 + %s + g, %s, \'{"answer": 42, "rows": [1, 2, 3]}\','
+            " now() + interval '7 days' FROM generate_series(1, %s) g",
+            (start, task_type, size),
+        )
+    conn.execute("VACUUM ANALYZE slotd_results")
+
+
+def prune_results(conn: psycopg.Connection[Any], repo: Repository) -> None:
+    """The retention chore's results prune over every kept result, all expired at once: the
+    whole prune's time and its longest batch (each batch its own short transaction)."""
+    conn.execute("UPDATE slotd_results SET expires_at = now() - interval '1 second'")
+    conn.execute("VACUUM ANALYZE slotd_results")
+    batches: list[float] = []
+    total = 0
+    began = time.perf_counter()
+    while True:
+        start = time.perf_counter()
+        n = repo.prune_results_batch(batch=5000)
+        batches.append((time.perf_counter() - start) * 1000)
+        total += n
+        if n < 5000:
+            break
+    took = time.perf_counter() - began
+    print(
+        f"results prune: {total:,} expired results in {took:.1f} s ({total / took:,.0f} rows/s),"
+        f" {len(batches)} batches, p50 {statistics.median(batches):.0f} ms,"
+        f" max {max(batches):.0f} ms each"
+    )
+
+
 def time_statements(repo: Repository, registry: Registry, runs: int) -> dict[str, list[float]]:
-    """discover, then claim one of what it found and finish it (a success deletes it)."""
-    out: dict[str, list[float]] = {"discover": [], "claim": []}
-    for _ in range(runs):
+    """discover, then claim one of what it found and finish it (a success deletes it); every
+    other finish keeps its result (the fenced dequeue_keep, which writes slotd_results)."""
+    out: dict[str, list[float]] = {"discover": [], "claim": [], "keep": []}
+    for n in range(runs):
         began = time.perf_counter()
         ids = repo.discover(registry.types)
         out["discover"].append((time.perf_counter() - began) * 1000)
@@ -199,7 +242,12 @@ def time_statements(repo: Repository, registry: Registry, runs: int) -> dict[str
         claimed = repo.claim(ids, registry)
         out["claim"].append((time.perf_counter() - began) * 1000)
         assert claimed is not None
-        repo.dequeue(claimed.id, claimed.token)
+        if n % 2:
+            began = time.perf_counter()
+            repo.dequeue(claimed.id, claimed.token, kept=('{"answer": 42}', 3600.0))
+            out["keep"].append((time.perf_counter() - began) * 1000)
+        else:
+            repo.dequeue(claimed.id, claimed.token)
     return out
 
 
@@ -228,13 +276,24 @@ def volume(args: argparse.Namespace) -> None:
             registry.register("work", lambda task, ctx: None, ceiling=timedelta(minutes=1))
             repo = Repository(conn)
             print(f"load before: {load()}")
-            print("| dead letters beside 1k due | discover p50 ms | p99 | claim p50 ms | p99 |")
-            print("|---|---|---|---|---|")
-            for dead in (0, args.dead):
+            print(
+                "| beside 1k due rows | discover p50 ms | p99 | claim p50 ms | p99 |"
+                " settle keeping a result p50 ms | p99 |"
+            )
+            print("|---|---|---|---|---|---|---|")
+            steps = [("nothing", 0, 0), (f"{args.dead:,} dead letters", args.dead, 0)]
+            if args.results:
+                steps.append(
+                    (f"{args.dead:,} dead letters + {args.results:,} kept results", 0, args.results)
+                )
+            for label, dead, results in steps:
+                began = time.perf_counter()
                 if dead:
-                    began = time.perf_counter()
                     fill_dead(conn, dead, "work")
-                    print(f"(filled {dead:,} dead letters in {time.perf_counter() - began:.0f} s)")
+                if results:
+                    fill_results(conn, results, "work")
+                if dead or results:
+                    print(f"(filled {label} in {time.perf_counter() - began:.0f} s)")
                 conn.execute("DELETE FROM slotd_tasks WHERE attempt_count < max_attempts")
                 with conn.transaction():  # --due due rows, and what the runs take on top
                     enqueue_many(conn, [NewTask("work") for _ in range(args.due + args.runs + 50)])
@@ -242,11 +301,14 @@ def volume(args: argparse.Namespace) -> None:
                 time_statements(repo, registry, 50)  # warm: plans and caches
                 got = time_statements(repo, registry, args.runs)
                 print(
-                    f"| {dead:,} | {statistics.median(got['discover']):.3f} |"
+                    f"| {label} | {statistics.median(got['discover']):.3f} |"
                     f" {pct(got['discover'], 0.99):.3f} | {statistics.median(got['claim']):.3f} |"
-                    f" {pct(got['claim'], 0.99):.3f} |",
+                    f" {pct(got['claim'], 0.99):.3f} | {statistics.median(got['keep']):.3f} |"
+                    f" {pct(got['keep'], 0.99):.3f} |",
                     flush=True,
                 )
+            if args.results:
+                prune_results(conn, repo)
             print(f"load after: {load()}")
     finally:
         pg.stop("immediate")
@@ -390,6 +452,7 @@ def main() -> None:
     v.add_argument("--dead", type=int, default=1_000_000)
     v.add_argument("--due", type=int, default=1_000)
     v.add_argument("--runs", type=int, default=500)
+    v.add_argument("--results", type=int, default=1_000_000, help="kept results, then")
     r = sub.add_parser("retention")
     r.add_argument("--dead", type=int, default=1_000_000)
     r.add_argument("--batch", type=int, default=5_000)
