@@ -1,7 +1,7 @@
 """The replica's periodic statements, posted to the chores thread by the supervisor's loop:
-the heartbeat (which announces the replica and says which slot holds which lease) and the
-hourly retention. The outcomes counted here (`tally`) go to slotd_outcomes, the dashboard's
-chart, by the chores thread's own flush: every few seconds and at shutdown (slotd/chores.py).
+the heartbeat (which announces the replica and says which slot holds which lease), the
+hourly retention, and at exit the goodbye. (The outcomes the dashboard charts are counted
+in slotd/outcome_counts.py.)
 
 Posted, never run here: the loop never waits on the database (slotd/chores.py)."""
 
@@ -15,11 +15,12 @@ from collections.abc import Mapping
 from slotd import maintenance
 from slotd.chores import Chores
 from slotd.config import Settings
-from slotd.outcome import MinuteTally
 from slotd.registry import Registry
 from slotd.slot_pool import SlotHandle
 
 log = logging.getLogger("slotd.supervisor")
+
+GOODBYE_TIMEOUT = 10.0  # at exit: the last settlements and the replica's goodbye
 
 
 class Heartbeat:
@@ -34,7 +35,6 @@ class Heartbeat:
         self.settings = settings
         self.registry = registry
         self.slots = slots  # the pool's live map of slot number -> handle; only read here
-        self.tally = MinuteTally()  # the dashboard's outcome chart, flushed by the chores
 
     def post(self, chores: Chores) -> None:
         """Announce this replica (one statement per heartbeat besides its discoveries), on
@@ -64,3 +64,12 @@ class Heartbeat:
             chores.post(
                 "retention", lambda: maintenance.hourly_cleanup(chores.repo(), retention, log)
             )
+
+    def goodbye(self, chores: Chores) -> None:
+        """The replica's last statement, then the chores thread's end."""
+        replica_id = self.replica_id
+        chores.post("replica_gone", lambda: chores.repo().replica_gone(replica_id))
+        # The dead slots' last settlements are queued before the goodbye; a database
+        # that does not answer gets a bounded wait, then the leases expire on their own.
+        if not chores.stop(GOODBYE_TIMEOUT):
+            log.warning("the database did not answer the goodbye within %ss", GOODBYE_TIMEOUT)

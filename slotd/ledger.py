@@ -17,7 +17,7 @@ longer than TYPE_MAX bytes, a ring the supervisor has not drained) goes as a mes
 
 Last words: the supervisor needs an attempt's outcome only when the slot dies between the
 handler's end and its settlement (then a success is dequeued, never run again; see
-Supervisor._settle_orphan), so the slot leaves it here before settling, without a message,
+slotd/orphans.py), so the slot leaves it here before settling, without a message,
 and the supervisor reads it only once the slot is dead.
 
 Layout: written count (u64, the slot's), consumed count (u64, the supervisor's), the lease

@@ -354,3 +354,21 @@ class ScheduleCollector(Collector):
         yield last
         yield lag
         yield period
+
+
+def start(
+    schedules: Sequence[Schedule], settings: Any, url: str, replica_id: str, metrics: Any
+) -> ScheduleThread:
+    """Schedule evaluation runs in a thread of its own, on its own connection: the
+    supervisor's loop never waits for it. `metrics`: the replica's, or None."""
+    thread = ScheduleThread(schedules, settings, url, replica_id)
+    if metrics is not None:
+        metrics.registry.register(thread.collector())
+    thread.start()
+    # The supervisor's line: an operator reads it among the replica's start-up lines.
+    logging.getLogger("slotd.supervisor").info(
+        "evaluating %d schedule(s): %s",
+        len(schedules),
+        ", ".join(sc.name for sc in schedules),
+    )
+    return thread

@@ -8,10 +8,12 @@ job for the chores thread (slotd/chores.py), whose results come back on a pipe. 
 runs handler code and never uses a connection in a child it forked.
 
 What the loop hears it hands to the rooms that own it: the slots' processes to the pool
-(slotd/slot_pool.py), the LISTEN connection and its self-test to the listener
-(slotd/listener.py), control notifications to the cancel routing (slotd/control_routing.py),
-/healthz and /readyz to slotd/health.py, every statement to the chores thread. They are
-passed narrow callables and maps, never the supervisor, so nothing calls back up into it."""
+(slotd/slot_pool.py), what they say to slotd/slot_messages.py, the LISTEN connection and its
+self-test to the listener (slotd/listener.py), control notifications to the cancel routing
+(slotd/control_routing.py), /healthz and /readyz to slotd/health.py, every statement to the
+chores thread and what it hands back to slotd/chore_results.py, a dead slot's lease to
+slotd/orphans.py, every settlement heard of to the counters (slotd/outcome_counts.py). They
+are passed narrow callables and maps, never the supervisor, so nothing calls back up into it."""
 
 from __future__ import annotations
 
@@ -24,16 +26,17 @@ import uuid
 from typing import Any
 
 from slotd import db, health, lifecycle, proc, sdnotify
-from slotd.chores import Chores, Done
+from slotd.chore_results import ChoreResults
+from slotd.chores import Chores
 from slotd.config import Settings
 from slotd.control_routing import ControlRouting
 from slotd.heartbeat import Heartbeat
-from slotd.ledger import Ledger, Settled
+from slotd.ledger import Ledger
 from slotd.listener import Listener
-from slotd.outcome import Result
+from slotd.orphans import Orphans
+from slotd.outcome_counts import OutcomeCounts
 from slotd.recorder import Recorder
 from slotd.registry import Registry
-from slotd.repository import Claimed
 from slotd.slot import SlotSpec
 from slotd.slot_messages import SlotMessages
 from slotd.slot_pool import SlotHandle, SlotPool
@@ -42,7 +45,6 @@ from slotd.wake import Tokens
 log = logging.getLogger("slotd.supervisor")
 
 CHORES_EVERY = 600.0
-GOODBYE_TIMEOUT = 10.0  # at exit: the last settlements and the replica's goodbye
 
 
 class Supervisor:
@@ -76,12 +78,19 @@ class Supervisor:
         self.reaps_orphans = os.getpid() == 1
         self.schedules: Any = None  # slotd.scheduler.ScheduleThread, when any are declared
         # The rooms the loop delegates to, each given only the maps and callables it needs.
+        self.counts = OutcomeCounts(metrics=lambda: self.metrics)
+        self.orphans = Orphans(
+            registry,
+            chores=lambda: self.chores,
+            stopping=lambda: self.stopping,
+            counted=self.counts.count,
+        )
         self.pool = SlotPool(
             self._slot_spec,
             self._forget_in_child,
-            counted=self._count,
-            orphaned=self._settle_orphan,
-            restarted=self._restarted,
+            counted=self.counts.count,
+            orphaned=self.orphans.settle,
+            restarted=self.counts.restarted,
         )
         self.slots = self.pool.slots  # the live map, read by the loop and the routing
         self.tokens = Tokens(self.pool.send_token)
@@ -93,8 +102,18 @@ class Supervisor:
             self.pool,
             self.tokens,
             self.control,
-            counted=self._count,
+            counted=self.counts.count,
             metrics=lambda: self.metrics,
+            ready=self._maybe_ready,
+            fatal=self._fatal,
+        )
+        self.chore_results = ChoreResults(
+            self.listener,
+            self.tokens,
+            self.orphans,
+            chores=lambda: self.chores,
+            stopping=lambda: self.stopping,
+            counted=self.counts.count,
             ready=self._maybe_ready,
             fatal=self._fatal,
         )
@@ -107,7 +126,7 @@ class Supervisor:
         self.selfpipe = proc.SelfPipe()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, self._on_signal)
-        recorder = Recorder(self.heartbeat.tally, self.replica_id, self.heartbeat.leases)
+        recorder = Recorder(self.counts.tally, self.replica_id, self.heartbeat.leases)
         chores = self.chores = Chores(self.settings, self.write_url, recorder)
         self.metrics, self.server = health.serve_metrics(
             self.settings, self.registry, self.read_url or self.write_url, self._vitals
@@ -241,7 +260,7 @@ class Supervisor:
             self.selfpipe.drain()
         if self.chores is not None and self.chores in ready:
             for done in self.chores.finished():
-                self._chore_done(done)
+                self.chore_results.done(done)
         listening = self.listener.socket()
         if listening is not None and listening in ready and self.listener.notifications():
             self.tokens.offer()
@@ -256,35 +275,11 @@ class Supervisor:
         if self.reaps_orphans:
             proc.reap_orphans(self.pool.pids())
 
-    def _count(self, settled: Settled) -> None:
-        task_type, outcome, duration, delay = settled
-        if self.metrics is not None:
-            self.metrics.record_outcome(task_type, outcome, duration, delay)
-        self.heartbeat.tally.add(task_type, outcome)
-
-    def _restarted(self, reason: str) -> None:
-        if self.metrics is not None:
-            self.metrics.record_restart(reason)
-
     def _slot_exited(self, handle: SlotHandle) -> None:
         status = handle.watch.poll()
         self.messages.read(handle)  # whatever it said before it went
         self.tokens.slot_gone(handle.number)
         self.pool.bury(handle, status)
-
-    def _settle_orphan(self, lease: Claimed, words: Result | None) -> None:
-        """A slot died holding a lease: settled at once by the lifecycle, on the chores
-        thread (see lifecycle.handed_over)."""
-        assert self.chores is not None
-        chores, stopping, registry = self.chores, self.stopping, self.registry
-
-        def job() -> tuple[Claimed, str, float | None]:
-            settled, result = lifecycle.handed_over(
-                chores.repo(), lease, words, stopping=stopping, registry=registry, logger=log
-            )
-            return lease, str(settled.outcome), result.duration
-
-        chores.post("settle_orphan", job)
 
     def _fatal(self, reason: str) -> None:
         """A misconfiguration every slot would hit (server-side prepared statements through
@@ -309,49 +304,6 @@ class Supervisor:
             )
             sdnotify.notify("READY=1", f"STATUS=serving with {self.settings.slots} slots")
 
-    def _chore_done(self, done: Done) -> None:
-        if done.name == "listen":
-            if self.listener.opened(done, stopping=self.stopping):
-                assert self.chores is not None
-                # Notifications sent while we were deaf are lost: look once now, not at the
-                # next tick.
-                self.tokens.offer()
-                self._maybe_ready()
-                self.listener.selftest_send(self.chores)
-        elif done.name == "settle_orphan":
-            if done.error is not None:
-                log.error("could not settle the task of a dead slot: %s", db.first_line(done.error))
-            else:
-                lease, outcome, duration = done.value
-                self.heartbeat.tally.add(lease.task_type, outcome)
-                if self.metrics is not None:
-                    self.metrics.record_outcome(lease.task_type, outcome, duration, None)
-        elif done.name == "sweep":
-            if done.error is not None:
-                log.warning("sweep failed: %s", db.first_line(done.error))
-                return
-            for (task_type, reason), n in done.value.lapsed.items():
-                log.warning(
-                    "%d %s task(s) became dead letters (%s): their final attempt's lease "
-                    "lapsed with no replica left to settle it",
-                    n,
-                    task_type,
-                    reason,
-                )
-            for task_type, n in done.value.expired.items():
-                log.info("%d %s task(s) expired unstarted", n, task_type)
-            for task_type, outcome, n in done.value.outcomes():
-                for _ in range(n):
-                    self._count((task_type, str(outcome), None, None))
-        elif done.name == "selftest":
-            self.listener.selftest_sent(done)
-        elif done.error is not None and done.name == "heartbeat":
-            if db.is_prepare_error(done.error):
-                self._fatal(db.PREPARE_ADVICE.format(error=db.first_line(done.error)))
-            log.warning("heartbeat failed: %s", db.first_line(done.error))
-        elif done.error is not None and done.name == "retention":
-            log.warning("retention cleanup failed: %s", db.first_line(done.error))
-
     def _heartbeat(self) -> None:
         assert self.chores is not None
         self.heartbeat.post(self.chores)
@@ -361,23 +313,17 @@ class Supervisor:
     # metrics and the end
 
     def _start_schedules(self) -> None:
-        """Schedule evaluation runs in a thread of its own, on its own connection: the
-        loop never waits for it. No schedules: no thread, no connection, no statement."""
-        if not self.registry.schedules:
-            return
-        from slotd.scheduler import ScheduleThread
+        """No schedules: no thread, no connection, no statement (nor the module's import)."""
+        if self.registry.schedules:
+            from slotd.scheduler import start
 
-        self.schedules = ScheduleThread(
-            self.registry.schedules, self.settings, self.write_url, self.replica_id
-        )
-        if self.metrics is not None:
-            self.metrics.registry.register(self.schedules.collector())
-        self.schedules.start()
-        log.info(
-            "evaluating %d schedule(s): %s",
-            len(self.registry.schedules),
-            ", ".join(sc.name for sc in self.registry.schedules),
-        )
+            self.schedules = start(
+                self.registry.schedules,
+                self.settings,
+                self.write_url,
+                self.replica_id,
+                self.metrics,
+            )
 
     def _vitals(self) -> health.Vitals:
         # Asked on the metrics server's thread: a copy, never the live objects.
@@ -398,12 +344,7 @@ class Supervisor:
             self.schedules.stop()
         self.listener.close()
         if self.chores is not None:
-            chores, replica_id = self.chores, self.replica_id
-            chores.post("replica_gone", lambda: chores.repo().replica_gone(replica_id))
-            # The dead slots' last settlements are queued before the goodbye; a database
-            # that does not answer gets a bounded wait, then the leases expire on their own.
-            if not chores.stop(GOODBYE_TIMEOUT):
-                log.warning("the database did not answer the goodbye within %ss", GOODBYE_TIMEOUT)
+            self.heartbeat.goodbye(self.chores)
         if self.server is not None:
             self.server.close()
         log.info("stopped")
