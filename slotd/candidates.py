@@ -5,22 +5,46 @@ Every slot takes the candidates in the discovery's order (ordering key, then id)
 discovered the same rows all start at the head, and the claim's SKIP LOCKED (and its recheck
 of a row leased meanwhile) gives each the first row nobody else holds, so nothing starts
 before an older-keyed claimable task. A rotation per slot spread the contention, and started
-lower-priority rows before the head of the queue."""
+lower-priority rows before the head of the queue.
+
+How many a discovery asks for follows what the last one cost. A discovery walks the due
+index from its head, and what lies there when vacuum cannot clean it (a transaction held
+open somewhere holds back the xmin horizon) is the index entries of every task finished
+since: the walk then grows with the work done, to 150 ms a discovery at 100k such entries,
+and slots that each rediscover every discovery_batch x slots tasks spent the server on
+nothing else (the soak's held xmin: 311 -> 69 tasks/s, tests/bench/RESULTS.md). A discovery
+is about as dear for a thousand rows as for eighty, so a slow one asks for more: enough that
+its time over the candidates it returns stays under DISCOVERY_BUDGET_S each, at most
+MAX_WIDEN x the configured size. On a healthy table a discovery takes well under a
+millisecond and the size stays as configured. The price, only while discovery is slow: a
+task enqueued with a better key waits for the next discovery of the slot that would take
+it, which comes after more claims than usual."""
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 from typing import Any
 
 from slotd.registry import Registry
 from slotd.repository import Claimed, Repository
 
+# Of a discovery's time, what one candidate it returns may carry (see the module's comment):
+# at 4 slots the fleet then spends at most 4 x this on discovery per task it runs.
+DISCOVERY_BUDGET_S = 0.0001
+MAX_WIDEN = 50
+
 
 class Candidates:
-    def __init__(self, discovery_batch: int, slots: int) -> None:
+    def __init__(
+        self, discovery_batch: int, slots: int, budget_s: float = DISCOVERY_BUDGET_S
+    ) -> None:
         self.batch: list[int] = []
         self.per_claim = discovery_batch
-        self.limit = discovery_batch * slots
+        self.base = discovery_batch * slots  # what a discovery asks for on a healthy table
+        self.limit = self.base  # what the next one asks for
+        self.budget_s = budget_s
         # Seconds until a full rate window has room, from the last discovery (None: none
         # full): when a claim finds nothing, the next wake (slotd.wake.Tokens.retry_in).
         self.retry_in: float | None = None
@@ -68,6 +92,7 @@ class Candidates:
         self.batch = []
 
     def _discover(self, repo: Repository, registry: Registry, on_primary: bool) -> list[int]:
+        started = time.monotonic()
         self.batch = repo.discover(
             registry.types,
             self.limit,
@@ -75,13 +100,24 @@ class Candidates:
             on_primary=on_primary,
             rates=registry.rates,
         )
+        self.limit = self.widened(time.monotonic() - started)
         self.retry_in = repo.rate_wait_s
         return self.batch
 
+    def widened(self, took_s: float) -> int:
+        """What the next discovery asks for, after one that took `took_s`."""
+        wanted = math.ceil(took_s / self.budget_s) if self.budget_s > 0 else self.base
+        return min(max(self.base, wanted), self.base * MAX_WIDEN)
+
     def _claim(self, repo: Repository, registry: Registry) -> Claimed | None:
-        claimed = repo.claim(self.batch, registry)
-        if claimed is None:
-            self.batch = []
-        else:
-            self.consumed(claimed)
-        return claimed
+        # A claim is offered the head, a discovery's healthy size at most: a widened batch
+        # would otherwise put a thousand ids in every claim's array. When every one of
+        # them is gone, the next head is tried before discovering again.
+        while self.batch:
+            head = self.batch[: self.base]
+            claimed = repo.claim(head, registry)
+            if claimed is not None:
+                self.consumed(claimed)
+                return claimed
+            self.batch = self.batch[len(head) :]
+        return None
