@@ -1,6 +1,6 @@
 """What the chores thread hands back (slotd/chores.py), handed to the room it concerns: the
 LISTEN connection it opened and the self-test it sent (slotd/listener.py), a dead slot's
-settled lease (slotd/orphans.py), what the sweeps ended (slotd/lifecycle.py, "expired" and
+settled lease (slotd/orphans.py), what the sweeps ended (slotd/lifecycle/, "expired" and
 "lapsed"), and the heartbeat's and the retention's failures.
 
 Read by the supervisor's loop when the chores pipe is ready; nothing here waits."""

@@ -44,7 +44,7 @@ class Result:
     duration: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     # A type with keep_result: the return value as JSON text and how long to keep it (the
-    # settlement stores it; see slotd/lifecycle.py). None for every other type.
+    # settlement stores it; see slotd/lifecycle/). None for every other type.
     value: str | None = None
     keep_s: float | None = None
     # The handler's exception itself, for the in-process test modes to chain; never sent

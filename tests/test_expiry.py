@@ -1,4 +1,4 @@
-"""Expiry (#25, slotd/lifecycle.py "expired"): a task not started by its expires_in never
+"""Expiry (#25, slotd/lifecycle/ "expired"): a task not started by its expires_in never
 starts; the sweep makes it a dead letter with reason "expired", out of the discovery index."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The lapse sweep (slotd/lifecycle.py, "lapsed"): a final attempt whose lease lapsed with its
+"""The lapse sweep (slotd/lifecycle/, "lapsed"): a final attempt whose lease lapsed with its
 whole replica gone is given the end its settlement would have written: a dead letter with
 reason 'exhausted', its dependants cancelled, its batch counted (and called back). Through a
 real `slotd run` whose process group is killed with kill -9, and on the repository for the

@@ -1,4 +1,4 @@
-"""The lease lifecycle through a real `slotd run` (slotd/lifecycle.py's rule book): an
+"""The lease lifecycle through a real `slotd run` (slotd/lifecycle's rule book): an
 advance keeps the lease until the handler returns, so its return settles the slice; claims
 take the queue in its order whichever slot makes them."""
 

@@ -1,4 +1,4 @@
-"""A task that a stopping replica claims but never starts keeps its attempts (slotd/lifecycle.py,
+"""A task that a stopping replica claims but never starts keeps its attempts (slotd/lifecycle/,
 "released").
 
 Found by the public job-queue benchmark (tests/bench/portable): at a replica's SIGTERM, a

@@ -1,4 +1,4 @@
-"""Terminal states are explicit (sql/021, slotd/lifecycle.py "dead letters"): a dead letter says
+"""Terminal states are explicit (sql/021, slotd/lifecycle/ "dead letters"): a dead letter says
 why it stopped (exhausted, cancelled) and how many attempts it really ran. For this release a
 cancel still raises attempt_count to the threshold (0.1.0 replicas tell dead from live by it),
 so every reader shows dead_attempts instead: a task cancelled during its first attempt reads

@@ -1,7 +1,7 @@
 """Batches (slotd.batch): the producer's side (the batch row, its tasks joining it, the
 seal at the block's end), the operators' reads, and the retention chore's prune. The
 counting of a batch's ends is the settlements' (sql `batch_counted`; rules in
-slotd/lifecycle.py)."""
+slotd/lifecycle/)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,154 @@
+"""The lease lifecycle: every transition of an attempt, and the only module that settles one.
+
+The rule book. A task's row is owned, between its claim and its settlement, by whoever holds
+its lease token; every write below is fenced on that token, so a worker that lost its lease
+(it lapsed, an operator's cancel was settled, another worker took the row over) writes
+nothing, and is told so (`lost`).
+
+- claimed: the claim statement stamps a random token (drawn by the server), burns an attempt
+  and sets lease_expires_at = now() + ceiling + margin (repository, sql `claim`). The slot
+  puts the lease in its ledger before it tells anyone, so a death from then on is settled by
+  the supervisor (`handed_over`), never left to wait out the lease.
+- advanced: a sliced handler's cursor (sql `advance_cursor`) rewrites the payload and resets
+  the attempt count, fenced on the token, and KEEPS the lease. The seed unleased the row at
+  the advance, because its worker could die unseen between the advance and the return; a
+  slotd slot's death is settled by its supervisor at once, so that reason is gone, and
+  keeping the lease means the handler's return settles its own slice: done dequeues it (a
+  release at the advance made that `lost`, and the task ran again for ever), raising backs
+  it off from the saved cursor (a release made that a retry storm with no error kept), and
+  no other slot can start the next slice while this one still runs its remaining code.
+- settled, by what the handler did (`settle`):
+  done       the row is deleted (sql `dequeue`), optionally claiming the next task in the
+             same statement (`dequeue_claim`); for a type with keep_result (the Result
+             carries value and keep_s) the return value is stored by that same fenced
+             statement (`dequeue_keep`, `dequeue_keep_claim`), so a worker whose lease is
+             gone stores nothing, and a dead slot's success is stored by the supervisor
+             from the value in its last words. Plain types keep the plain statements: a
+             stored result costs its types only;
+             a linked task (one with dependants, marked by their enqueue, or of a batch)
+             is settled by `dequeue_linked` (`dequeue_linked_claim` with the next claim
+             riding on it, as for a plain task): the same fenced delete also writes its value
+             on each edge and makes due each dependant it was the last parent of, so a
+             dependant is released exactly when its last parent's success commits, and
+             counts the end in its batch (`batch_counted`), whose last end enqueues the
+             batch's callback in that same statement: exactly once, since only the
+             statement that empties the batch's last stripe does it, and a fenced write
+             that matched nothing counts nothing. The plain statements refuse a linked row
+             ({unlinked}): a dependant enqueued while its parent ran, after the claim said
+             "no dependants", is then settled by the linked statement on a second try,
+             never deleted unseen;
+  failure    backoff from the attempt the claim burnt, the error kept (`record_failure`);
+             a dead letter when that was the last attempt; a linked task's dead letter
+             cancels its dependants, transitively, in the same statement, and counts
+             every task that ended so in its batch (`record_failure_linked`; refused plain
+             writes retried so, as for done). Every other statement that ends a task
+             counts it as well: `release` when it makes the dead letter (and cancels the
+             dependants), `cancel` of a task not running, `settle_cancelled`, and the
+             cascades of a cancel (`cancel_dependants`). `dead retry` takes a task out of
+             its batch: the batch counted its end already;
+  timeout    the same write, for a handler past its deadline or killed by the watchdog;
+  crashed    the same write, for a runner that died under the handler;
+  continued  a slice that returned False: released and due at once after an advance
+             (`continue_slice`), backed off like a failure when it saved nothing (it would
+             repeat itself at once);
+  cancelled  an operator's cancel: the lease goes, the row stays the dead letter the cancel
+             made it (`settle_cancelled`); or a shutdown: the lease is released (`release`);
+  lost       any fenced write that matched nothing: nothing is written.
+- released: at shutdown the lease is given back at once (sql `release`), due for another
+  replica. The attempt is not refunded (an interruption costs one, or a task always
+  mid-flight at rollout would never dead-letter), except the final one, once per task: a
+  deploy is never what kills a task; a second release on a final attempt dead-letters it.
+  A claim released before its handler started (it met the shutdown on its way in) gets its
+  attempt back whatever it was: nothing ran, so nothing was interrupted.
+- dead letters: the statement that makes a row dead writes why (dead_reason: 'exhausted' by
+  the last attempt's failure or a second final release, 'cancelled' by an operator; sql/021)
+  and the attempts it really ran (dead_attempts). Being dead is still attempt_count >=
+  max_attempts in this release, so a cancel raises the count to the threshold as 0.1.0 did
+  (its replicas claim by that comparison); readers show dead_attempts, never the raise. A
+  row made dead by a 0.1.0 replica carries no reason: readers infer 'exhausted' (or
+  'cancelled' from its cancel stamp). `slotd dead retry` clears both.
+- lapsed: a final attempt whose lease ran out with nobody left to settle it (its whole
+  replica died: a slot's death alone is handed over, below) is dead by the predicate from
+  that instant, but nothing wrote its end, so its dependants would wait and its batch
+  never call back. The lapse sweep (`sweep`, beside the expiry sweep) writes it: the lease
+  cleared, dead_reason 'exhausted' (a cancelled attempt keeps 'cancelled'), the attempts
+  it ran, an error naming the lapse, its dependants cancelled and its batch counted (sql
+  `lapsed`), in one statement. Counted as outcome `crashed` (`cancelled` for a cancelled
+  attempt) by the replica whose sweep settled it. A holder still alive past its lease has
+  lost it already (it retries a settlement only while its lease lasts): the sweep clears
+  the token its late write is fenced on, and that write is `lost`.
+- expired: a task enqueued with expires_in is never started after its expires_at: the
+  claim's claimable predicate refuses it from that instant, by the database's clock, so no
+  sweep has to be on time for the rule to hold. The expiry sweep (`expire`, on every
+  replica's chores thread each poll interval, all types, a batch per statement) then makes
+  each such task no lease holds a dead letter (dead_reason 'expired', sql `expire`), so it
+  leaves the discovery index instead of being passed over at every discovery, and
+  slotd.result answers "expired". A running attempt has started and is left to end; if it
+  fails, its retry would start after expires_at, so the next sweep expires it instead (a
+  stale e-mail is as stale on its second attempt). Counted as outcome `expired` by the
+  replica whose sweep made it.
+- handed over: a slot that dies holding a lease leaves it, with its last words (the
+  attempt's outcome if the handler had ended), in its ledger; the supervisor settles it by
+  those words, through the same `settle`, on its chores thread (`handed_over`).
+
+- answer lost: a connection that drops after a settlement's statement was sent leaves its
+  answer unread; the slot reconnects and retries while its lease lasts. A success's retry
+  first asks what the first try did, since its write would now be refused and the success
+  counted `lost`: the claim that rode on it is found under the token the slot chose for it
+  (`held_lease`), and a row that is gone was dequeued by it, since only the holder of a live
+  lease removes a live row (`lease_remains`). A chained claim that found no next task is
+  the common case, at the end of a backlog. A failure's retry cannot tell (its row stays)
+  and is counted `lost` at worst: the row holds what the first try wrote.
+
+Order, for the slot: the last words go into the ledger before the database is written (a
+death mid-write is settled by what the handler did, never as a crash that would run a
+success again); the database; then the ledger (the settlement counted, the lease dropped or
+replaced by the claim that rode on the settlement) and the log line. A refused write
+(LeaseLost) is always `lost`; a write the database refuses for the data's sake is recorded
+as the attempt's failure with the reason (`_unsettled`); a lost connection is the caller's
+to retry while the lease lasts.
+
+Where each rule is carried out. This package is the one place that settles a task; it is a
+package, not one module, so that the rule book above stays whole at its door while the code
+that carries it out is read room by room (every name is imported from here: callers write
+`lifecycle.settle`, `lifecycle.conclude`, ...):
+- by_outcome.py: `settle`, the settlement by what the handler did ("settled", "released"),
+  and the results of a claim that never started (`not_started`, `not_started_at_shutdown`);
+- holder.py: the slot's transitions, `claimed`, `advance`, and `conclude` with the retries
+  of a settlement whose answer was lost ("answer lost", "Order");
+- handover.py: `handed_over`, a dead slot's lease settled by its supervisor ("handed over");
+- sweeps.py: `expire`, `lapse` and `sweep` ("expired", "lapsed");
+- settlement.py: the `Settlement` every one of them returns, and its log line."""
+
+from slotd.lifecycle.by_outcome import (
+    NOT_ADVANCED,
+    UNSTARTED,
+    not_started,
+    not_started_at_shutdown,
+    settle,
+)
+from slotd.lifecycle.handover import handed_over
+from slotd.lifecycle.holder import advance, claimed, conclude
+from slotd.lifecycle.settlement import Logger, Settlement, Writer
+from slotd.lifecycle.sweeps import EXPIRE_BATCH, EXPIRE_ROUNDS, Swept, expire, lapse, sweep
+
+__all__ = [
+    "EXPIRE_BATCH",
+    "EXPIRE_ROUNDS",
+    "NOT_ADVANCED",
+    "UNSTARTED",
+    "Logger",
+    "Settlement",
+    "Swept",
+    "Writer",
+    "advance",
+    "claimed",
+    "conclude",
+    "expire",
+    "handed_over",
+    "lapse",
+    "not_started",
+    "not_started_at_shutdown",
+    "settle",
+    "sweep",
+]

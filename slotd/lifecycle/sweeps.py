@@ -1,0 +1,64 @@
+"""The sweeps every replica's chores thread runs each poll interval: the expiry sweep
+(`expire`, the rule book's "expired") and the lapse sweep (`lapse`, "lapsed"), both in
+`sweep`; what they ended, and what each counts as (`Swept`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from slotd.outcome import Outcome
+from slotd.repository import Repository
+
+# The expiry sweep's batch, and how many batches one sweep runs before it yields the chores
+# thread (a million rows expiring at once are swept over several poll intervals).
+EXPIRE_BATCH = 1000
+
+
+EXPIRE_ROUNDS = 20
+
+
+def expire(repo: Repository) -> dict[str, int]:
+    """The expiry sweep (see "expired" above): the tasks it made dead letters, per type."""
+    return _swept(repo.expire_batch)
+
+
+def lapse(repo: Repository) -> dict[tuple[str, str], int]:
+    """The lapse sweep (see "lapsed" above): the final attempts it settled, per (type,
+    dead_reason)."""
+    return _swept(repo.lapsed_batch)
+
+
+@dataclass(frozen=True)
+class Swept:
+    expired: dict[str, int]
+    lapsed: dict[tuple[str, str], int]
+
+    def outcomes(self) -> list[tuple[str, Outcome, int]]:
+        """What each swept task counts as in the outcome tally: (type, outcome, n)."""
+        counted = [(t, Outcome.EXPIRED, n) for t, n in self.expired.items()]
+        for (task_type, reason), n in self.lapsed.items():
+            lapsed = Outcome.CANCELLED if reason == "cancelled" else Outcome.CRASHED
+            counted.append((task_type, lapsed, n))
+        return counted
+
+
+def sweep(repo: Repository) -> Swept:
+    """Both sweeps, one chore each poll interval on every replica: FOR UPDATE SKIP LOCKED
+    shares the rows out, so a fleet sweeps each row once."""
+    return Swept(expire(repo), lapse(repo))
+
+
+K = TypeVar("K")
+
+
+def _swept(batch: Callable[[int], dict[K, int]]) -> dict[K, int]:
+    swept: dict[K, int] = {}
+    for _ in range(EXPIRE_ROUNDS):
+        found = batch(EXPIRE_BATCH)
+        for key, n in found.items():
+            swept[key] = swept.get(key, 0) + n
+        if sum(found.values()) < EXPIRE_BATCH:
+            break
+    return swept
