@@ -89,6 +89,7 @@ def _register_commands() -> None:
     for name in (
         "run",
         "ops",
+        "dead",
         "control",
         "schedules",
         "embedded",

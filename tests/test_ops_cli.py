@@ -339,7 +339,7 @@ def test_dead_purge(cli: Any, conn: psycopg.Connection[Any]) -> None:
 def test_dead_purge_in_batches(
     cli: Any, conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("slotd.commands.ops.PURGE_BATCH", 4)
+    monkeypatch.setattr("slotd.commands.dead.PURGE_BATCH", 4)
     conn.execute(
         "INSERT INTO slotd_tasks (task_type, attempt_count, last_attempted_at) "
         "SELECT 'audit', 20, now() FROM generate_series(1, 10)"
@@ -353,7 +353,7 @@ def test_dead_purge_interrupted_keeps_finished_batches(
 ) -> None:
     from slotd.repository import Repository
 
-    monkeypatch.setattr("slotd.commands.ops.PURGE_BATCH", 4)
+    monkeypatch.setattr("slotd.commands.dead.PURGE_BATCH", 4)
     conn.execute(
         "INSERT INTO slotd_tasks (task_type, attempt_count, last_attempted_at) "
         "SELECT 'audit', 20, now() FROM generate_series(1, 10)"
