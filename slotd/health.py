@@ -70,7 +70,7 @@ def serve_metrics(
         return None, None
     import prometheus_client
 
-    from slotd import metrics
+    from slotd import metrics, metrics_server
 
     # *_created series double the exposition and nobody alerts on them.
     prometheus_client.disable_created_metrics()
@@ -85,7 +85,7 @@ def serve_metrics(
         ),
         limits=registry.concurrency_limits,
     )
-    server = metrics.serve(
+    server = metrics_server.serve(
         addr,
         replica_metrics,
         lambda: health(vitals()),

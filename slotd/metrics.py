@@ -29,9 +29,6 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from slotd import db
-
-# The HTTP side (/metrics, /healthz, /readyz) is its own module; its names read from here too.
-from slotd.metrics_server import Server, parse_addr, serve  # noqa: F401
 from slotd.outcome import Outcome
 from slotd.repository import Limits, Repository, execute
 

@@ -10,7 +10,8 @@ import psycopg
 import pytest
 
 from slotd.errors import ConfigError
-from slotd.metrics import Metrics, db_gauge_source, parse_addr, serve
+from slotd.metrics import Metrics, db_gauge_source
+from slotd.metrics_server import parse_addr, serve
 
 TYPES = ["alpha", "beta"]
 
