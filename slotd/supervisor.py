@@ -136,6 +136,7 @@ class Supervisor:
         self._start_schedules()
         next_tick = time.monotonic() + self.settings.poll_interval.total_seconds()
         next_heartbeat = 0.0
+        next_lapses = 0.0
         next_chores = time.monotonic() + 60.0
         watchdog_every = sdnotify.watchdog_interval()
         next_watchdog = 0.0
@@ -151,7 +152,10 @@ class Supervisor:
                     self.tokens.offer(remember=False)
                     next_tick = now + self.settings.poll_interval.total_seconds()
                     if not chores.pending["sweep"]:  # one sweep at a time (lifecycle)
-                        chores.post("sweep", lambda: lifecycle.sweep(chores.repo()))
+                        lapses = now >= next_lapses  # once a heartbeat interval (lifecycle)
+                        if lapses:
+                            next_lapses = now + self.settings.heartbeat_interval.total_seconds()
+                        chores.post("sweep", lambda x=lapses: lifecycle.sweep(chores.repo(), x))
                 if self.tokens.retry_due(now):  # a full rate window has room again
                     self.tokens.offer(remember=False)
                 if now >= next_heartbeat:

@@ -44,10 +44,11 @@ class Swept:
         return counted
 
 
-def sweep(repo: Repository) -> Swept:
-    """Both sweeps, one chore each poll interval on every replica: FOR UPDATE SKIP LOCKED
-    shares the rows out, so a fleet sweeps each row once."""
-    return Swept(expire(repo), lapse(repo))
+def sweep(repo: Repository, lapses: bool = True) -> Swept:
+    """The expiry sweep, one chore each poll interval on every replica, and with it the
+    lapse sweep when `lapses` (once a heartbeat interval: see "lapsed"). FOR UPDATE SKIP
+    LOCKED shares the rows out, so a fleet sweeps each row once."""
+    return Swept(expire(repo), lapse(repo) if lapses else {})
 
 
 K = TypeVar("K")
