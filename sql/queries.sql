@@ -195,9 +195,11 @@ CASE WHEN t.attempt_count < t.max_attempts THEN NULL
      ))))
 
 -- name: bound
--- SET LOCAL semantics, so the bound holds behind a transaction-mode pooler too.
+-- SET LOCAL semantics, so the bound holds behind a transaction-mode pooler too. jit: see
+-- read_committed_session.
 SELECT set_config('statement_timeout', %(statement_timeout)s, true),
-       set_config('lock_timeout', %(lock_timeout)s, true)
+       set_config('lock_timeout', %(lock_timeout)s, true),
+       set_config('jit', 'off', true)
 
 -- name: bound_async
 -- SLOTD_SYNCHRONOUS_COMMIT=off: the same bound, and this write's commit does not wait for
@@ -206,6 +208,7 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, true),
 -- runs its task again. At-least-once delivery already allows both; enqueues are untouched.
 SELECT set_config('statement_timeout', %(statement_timeout)s, true),
        set_config('lock_timeout', %(lock_timeout)s, true),
+       set_config('jit', 'off', true),
        set_config('synchronous_commit', 'off', true)
 
 -- name: bind_session
@@ -215,12 +218,14 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, true),
 -- read_committed_session.
 SELECT set_config('statement_timeout', %(statement_timeout)s, false),
        set_config('lock_timeout', %(lock_timeout)s, false),
+       set_config('jit', 'off', false),
        set_config('default_transaction_isolation', 'read committed', false)
 
 -- name: bind_session_async
 -- bind_session with SLOTD_SYNCHRONOUS_COMMIT=off: see bound_async.
 SELECT set_config('statement_timeout', %(statement_timeout)s, false),
        set_config('lock_timeout', %(lock_timeout)s, false),
+       set_config('jit', 'off', false),
        set_config('default_transaction_isolation', 'read committed', false),
        set_config('synchronous_commit', 'off', false)
 
@@ -233,7 +238,15 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, false),
 -- lock, and two slots woken together both see the last place free. On a direct connection
 -- this is set once for the session (db.connect, Repository.bind_session): no statement
 -- per write.
-SELECT set_config('default_transaction_isolation', 'read committed', false)
+-- And no JIT: slotd's statements are short index walks, and PostgreSQL compiles a plan
+-- whose estimated cost passes jit_above_cost (100,000 by default). A queue table behind a
+-- held xmin, or bloated after one, has estimates that do: every discovery then spent 3.1 s
+-- of its 3.2 s compiling (tests/bench/soak.py with --hold-at, EXPLAIN ANALYZE of
+-- `discover`), and the replica drained at half its rate long after the transaction ended.
+-- Behind a transaction-mode pooler a write carries it in its own bound (`bound`); a
+-- discovery there does not: set jit = off for slotd's role (README, PgBouncer).
+SELECT set_config('default_transaction_isolation', 'read committed', false),
+       set_config('jit', 'off', false)
 
 -- name: read_committed_local
 -- The same for one write behind a transaction-mode pooler, where a session setting would
