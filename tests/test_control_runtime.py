@@ -220,19 +220,14 @@ def test_a_cancel_while_its_replica_is_frozen_then_dead_is_never_run_again(
     assert cancelled.running
     for p in family:
         p.kill()  # and then dies without settling anything
-    second = start(daemons, db_url, slots=1)
-    # The lease lapses; the next claims (the poll's, every second) must refuse the row.
-    wait_for(
-        lambda: (
-            qconn.execute(
-                "SELECT lease_expires_at < now() - interval '2 seconds' FROM slotd_tasks"
-                " WHERE id = %s",
-                (task_id,),
-            ).fetchone()
-            == (True,)
-        ),
-        what="the lease to lapse and two polls to pass",
-    )
+    second = start(daemons, db_url, slots=1, env={"SLOTD_HEARTBEAT_INTERVAL": "1s"})
+    # The lease lapses; the new replica's claims (the poll's, every second) must refuse the
+    # row, and its lapse sweep (once a heartbeat) settles it as the cancel it was.
+    second.wait_line(r"1 rt\.recv task\(s\) became dead letters \(cancelled\)", timeout=30)
+    row = qconn.execute(
+        "SELECT lease_token, dead_reason FROM slotd_tasks WHERE id = %s", (task_id,)
+    ).fetchone()
+    assert row == (None, "cancelled")
     follow = slotd.enqueue(qconn, "rt.noop")
     wait_for(lambda: remaining(qconn, [follow]) == 0, what="the new replica to serve")
     assert [e[0] for e in executions(qconn, task_id)] == ["start"]
