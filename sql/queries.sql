@@ -653,7 +653,7 @@ CROSS JOIN LATERAL (
 -- name: advance_cursor
 -- A slice's progress, under the lease it runs under: the payload becomes the cursor and the
 -- attempt count restarts (attempts count only slices that got nowhere), and the lease stays
--- the slice's until it returns (see slotd/lifecycle.py: the row is released when the
+-- the slice's until it returns (see slotd/lifecycle/: the row is released when the
 -- handler returns False, dequeued when it returns done, backed off from this cursor when it
 -- raises). Refused once the task is cancelled: resetting its attempts would bring it back.
 UPDATE slotd_tasks t
@@ -1122,7 +1122,7 @@ SELECT s.id, pg_notify('slotd_result', s.id::text) FROM settled s
 CROSS JOIN (SELECT count(*) FROM batch_woken) callbacks
 
 -- name: expire
--- The expiry sweep (slotd/lifecycle.py, "expired"): tasks past their expires_at that no lease
+-- The expiry sweep (slotd/lifecycle/, "expired"): tasks past their expires_at that no lease
 -- holds, soonest first through slotd_tasks_expiring, a batch per statement. Each becomes a
 -- dead letter by the statement that decides it: dead_reason 'expired', the attempts it ran
 -- kept in dead_attempts, attempt_count raised to the threshold (what makes it dead for
@@ -1176,7 +1176,7 @@ CROSS JOIN (SELECT count(*) FROM batch_woken) callbacks
 GROUP BY e.task_type
 
 -- name: lapsed
--- The lapse sweep (slotd/lifecycle.py, "lapsed"): a final attempt whose lease ran out with
+-- The lapse sweep (slotd/lifecycle/, "lapsed"): a final attempt whose lease ran out with
 -- nobody left to settle it. A slot's death alone is settled by its supervisor at once
 -- (handed_over); this is the whole replica gone (kill -9 of its process group, its host
 -- lost). The row is already dead by {dead}; this writes the end its settlement would have:
