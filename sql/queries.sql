@@ -1589,6 +1589,34 @@ WITH {linked_settled}, {claim_ctes}
 SELECT (SELECT count(*) FROM done) AS dequeued, c.*
 FROM {linked_told}, (SELECT 1) AS one LEFT JOIN claimed c ON true
 
+-- fragment: member_settled
+-- The success of a batch's member with no dependants and no kept result, the commonest
+-- linked settlement: the fenced delete and its end counted on its stripe (batch_counted),
+-- nothing else. linked_settled also names slotd_results and slotd_dependencies, and every
+-- table and index a statement names is locked and opened on each execution whether or not
+-- a row of it is touched: a batch drained at 0.7x the plain rate through it
+-- (tests/bench/workflows.py). It refuses a row that gained dependants since its claim
+-- (has_dependants): that success is settled by dequeue_linked instead (repository).
+done AS (
+    DELETE FROM slotd_tasks t
+    WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(done_token)s::uuid
+      AND NOT t.has_dependants
+    RETURNING t.id, t.task_type, t.batch_id
+), ended AS (
+    SELECT d.id, d.batch_id, 'succeeded' AS outcome FROM done d WHERE d.batch_id IS NOT NULL
+), {batch_counted}
+
+-- name: dequeue_member_claim
+-- A batch member's success (member_settled) with the next claim riding on it.
+WITH {member_settled}, {claim_ctes}
+SELECT (SELECT count(*) FROM done) AS dequeued, c.*
+FROM (SELECT count(*) FROM batch_woken) callbacks, (SELECT 1) AS one LEFT JOIN claimed c ON true
+
+-- name: dequeue_member_claim_rated
+WITH {member_settled}, {claim_ctes_rated}
+SELECT (SELECT count(*) FROM done) AS dequeued, c.*
+FROM (SELECT count(*) FROM batch_woken) callbacks, (SELECT 1) AS one LEFT JOIN claimed c ON true
+
 -- name: dequeue_linked_claim_rated
 -- dequeue_linked_claim whose claim may pick a rated type (claim_ctes_rated).
 WITH {linked_settled}, {claim_ctes_rated}

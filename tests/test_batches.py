@@ -304,3 +304,49 @@ def test_a_batch_task_settles_and_claims_the_next_in_one_statement(
     last = repo.dequeue_and_claim(nxt.id, nxt.token, ids, reg, linked=(None, None))
     assert last is None  # nothing left that its snapshot shows claimable
     assert [r["batch"]["succeeded"] for r in _reports(conn)] == [2]
+
+
+@pytest.mark.parametrize("member", [False, True], ids=["linked", "member"])
+def test_a_batch_member_settles_by_either_statement_to_the_same_end(
+    conn: psycopg.Connection[Any], member: bool
+) -> None:
+    """dequeue_member_claim (a member with nothing else linked: the delete and its stripe's
+    count only) ends a batch exactly as dequeue_linked_claim does: counted once, the last
+    end enqueues the callback once, the claim riding on it taken."""
+    repo, reg = Repository(conn), _registry()
+    with slotd.batch(conn, on_complete=("fl.report", {})) as b:
+        ids = b.enqueue_many([("fl.member", {"n": n}) for n in range(3)])
+    held = repo.claim([ids[0]], reg)
+    for _ in range(3):
+        assert held is not None
+        held = repo.dequeue_and_claim(
+            held.id, held.token, ids, reg, linked=(None, None), member=member
+        )
+    assert held is None
+    assert [r["batch"]["succeeded"] for r in _reports(conn)] == [3]
+    assert batch_of(conn, b.id).done == 3  # type: ignore[union-attr]
+
+
+def test_a_member_that_gained_a_dependant_since_its_claim_releases_it_all_the_same(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """The lighter statement refuses a row that has dependants now (its claim said none):
+    the linked statement settles it, so the dependant is released with the value, and the
+    claim that rode on the first statement stands (no second claim)."""
+    repo, reg = Repository(conn), _registry()
+    with slotd.batch(conn, on_complete=("fl.report", {})) as b:
+        member, other = b.enqueue_many([("fl.member", {}), ("fl.member", {})])
+    claimed = repo.claim([member], reg)
+    assert claimed is not None and not claimed.has_dependants
+    child = slotd.enqueue(conn, "fl.child", {}, after=[member])
+    nxt = repo.dequeue_and_claim(
+        member, claimed.token, [other], reg, linked=('{"v": 1}', None), member=True
+    )
+    assert nxt is not None and nxt.id == other
+    row = conn.execute(
+        "SELECT parents_left, run_at <= now() FROM slotd_tasks WHERE id = %s", (child,)
+    ).fetchone()
+    assert row == (0, True)
+    assert batches_in_flight(conn)[0].done == 1
+    leased = "SELECT count(*) FROM slotd_tasks WHERE lease_token IS NOT NULL"
+    assert conn.execute(leased).fetchone() == (1,)  # only the claim that rode on it

@@ -65,9 +65,19 @@ def settle(
             return _done(Outcome.SUCCESS, claimed, result, logger)
         if result.kind == kinds.DONE and then_claim and then_claim[0]:
             linked = (result.value, result.keep_s) if claimed.linked else None
+            # A batch's member with nothing else linked: the lighter statement (see sql
+            # `member_settled`); it falls back to the linked one if dependants came since.
+            member = claimed.batch_id is not None and not claimed.has_dependants
+            member = member and result.keep_s is None
             try:
                 nxt = repo.dequeue_and_claim(
-                    task_id, token, *then_claim, lease_token, kept=_kept(result), linked=linked
+                    task_id,
+                    token,
+                    *then_claim,
+                    lease_token,
+                    kept=_kept(result),
+                    linked=linked,
+                    member=member,
                 )
                 if answer_lost is not None:
                     answer_lost(repo)

@@ -270,12 +270,15 @@ class QueueProtocol(Lanes):
         lease_token: str | None = None,
         kept: tuple[str, float] | None = None,
         linked: tuple[str | None, float | None] | None = None,
+        member: bool = False,
     ) -> Claimed | None:
         """Dequeue a finished task and claim the next of `ids` in one statement: one round
         trip, one commit. A refused dequeue raises LeaseLost carrying the new claim.
         `lease_token`: the new lease's token, when the caller must be able to find its claim
         again (see held_lease). `kept`: as for dequeue. `linked`: (value, keep_s) of a task
-        with dependants or of a batch, settled by `dequeue_linked_claim`."""
+        with dependants or of a batch, settled by `dequeue_linked_claim`; `member`: it is a
+        batch's member claimed without dependants or a kept result, settled by the lighter
+        `dequeue_member_claim`."""
         params = {
             **self._claim_params(ids, registry),
             "lease_token": lease_token,  # a uuid's text, or None: drawn by the server
@@ -286,7 +289,9 @@ class QueueProtocol(Lanes):
             "settling_token": token,
         }
         name = "dequeue_claim"
-        if linked is not None:
+        if linked is not None and member:
+            name = "dequeue_member_claim"
+        elif linked is not None:
             name = "dequeue_linked_claim"
             params.update(self._linked_params(*linked))
         elif kept is not None:
@@ -296,6 +301,15 @@ class QueueProtocol(Lanes):
         _, rows = self._write(self._rated(name, lock, registry), params, lock)
         dequeued, *claim = rows[0]
         claimed = Claimed(*claim) if claim[0] is not None else None
+        if not dequeued and name.startswith("dequeue_member") and linked is not None:
+            # Refused: the member gained dependants since its claim, or the lease is gone.
+            # The linked statement settles the first and refuses the second; the claim that
+            # rode on this statement stands either way (no second claim).
+            try:
+                self.dequeue_linked(task_id, token, *linked)
+            except LeaseLost:
+                raise LeaseLost(f"task {task_id}: dequeue refused", claimed) from None
+            return claimed
         if not dequeued:
             raise LeaseLost(f"task {task_id}: dequeue refused, the lease is not ours", claimed)
         return claimed
