@@ -110,6 +110,16 @@ def _complaints(daemon: Daemon) -> list[str]:
             continue
         if record.get("task_type") == "up.flaky" and record.get("outcome") == "failure":
             continue
+        # Two releases' schedule threads meeting on the schedule's row can deadlock;
+        # PostgreSQL ends one statement and that replica retries it (a warning, no fire lost
+        # or doubled: the fire is a compare-and-set, sql `schedules_fire`). Seen once in the CI run
+        # of 2026-12-02 04:58; its cause is open in #26's note, the retry is the rule here.
+        if (
+            record.get("logger") == "slotd.schedules"
+            and record.get("level") == "warning"
+            and "deadlock detected; retrying" in str(record.get("message"))
+        ):
+            continue
         found.append(line)
     return found
 
