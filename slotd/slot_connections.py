@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from slotd import db
+from slotd import db, repository
 from slotd.config import Settings
 from slotd.repository import Claimed, Repository
 
@@ -51,6 +51,11 @@ class SlotConnections:
                 repo = Repository.from_settings(self.settings, write, read)
                 if db.session_is_ours(write, prepare):
                     repo.bind_session()
+                # Both lanes plan once, generically: discovery and claims are index walks
+                # whose planning grows with dead entries (generic_plans_session).
+                for conn in {write, repo.read}:
+                    if db.session_is_ours(conn, prepare):
+                        repository.plan_generically(conn)
                 self.repo = repo
                 return repo
             except psycopg.OperationalError as exc:

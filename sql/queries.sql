@@ -248,6 +248,21 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, false),
 SELECT set_config('default_transaction_isolation', 'read committed', false),
        set_config('jit', 'off', false)
 
+-- name: generic_plans_session
+-- A slot's own direct sessions plan their prepared statements once, generically, instead
+-- of re-planning for each call's parameters (PostgreSQL's default tries five custom plans
+-- and keeps them while they look cheaper). slotd's statements are index walks whose best
+-- plan does not depend on the values, and planning is what grows with the table's dead
+-- entries: behind a held xmin the planner's own index probes (get_actual_variable_range
+-- reads the order index's ends, dead entries and all) made every custom-planned discovery
+-- cost more than running it, and a replica drained at 70% of the rate during the hold and
+-- never recovered after it (tests/bench/soak.py --hold-at, RESULTS.md). Set only where the
+-- session is ours (slotd/slot_connections.py): behind a transaction-mode pooler a session
+-- setting would land on whichever server connection ran it. JIT is off on these sessions
+-- (bind_session, read_committed_session): a generic plan's estimates would pass
+-- jit_above_cost at volume, and compiling costs more than the walk.
+SELECT set_config('plan_cache_mode', 'force_generic_plan', false)
+
 -- name: read_committed_local
 -- The same for one write behind a transaction-mode pooler, where a session setting would
 -- land on some other client's server connection: the first statement of the write's

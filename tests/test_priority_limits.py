@@ -144,7 +144,12 @@ def test_priority_zero_runs_within_its_bound_under_a_stream_of_priority_100(
     monkeypatch.setenv("SLOTD_PRIORITY_STEP", "20ms")
     start(daemons, db_url, slots=2, env={"SLOTD_PRIORITY_STEP": "20ms"})
     urgent = ("lim.free", {"sleep": 0.02}, None, None, 100)
-    slotd.enqueue_many(rconn, [urgent] * 100)
+    # A backlog well past the candidate windows (2 slots x 40): with only ~100 queued, the
+    # start's timing could leave fewer than a window ahead of the waiting task when it was
+    # enqueued, and a slot that discovered it then claims it from that window (the bound
+    # below allows it): it ran after 1.4 s with 20-25 newer tasks first instead of ~3.2 s
+    # with ~195 (1 run in 12 here, once in CI). 300 leave >= 200 ahead whatever the start.
+    slotd.enqueue_many(rconn, [urgent] * 300)
     stop = threading.Event()
 
     def stream() -> None:  # ~100 urgent tasks a second: more than two slots drain

@@ -86,6 +86,7 @@ from slotd.repository.sessions import (
     listen_control,
     notify_selftest,
     ping,
+    plan_generically,
     read_committed_session,
     waiting_for,
 )
@@ -138,6 +139,7 @@ __all__ = [
     "pause_type",
     "paused_types",
     "ping",
+    "plan_generically",
     "read_committed_session",
     "resume_type",
     "schema_present",

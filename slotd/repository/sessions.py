@@ -18,6 +18,12 @@ def read_committed_session(conn: psycopg.Connection[Any]) -> None:
     conn.execute(_sql("read_committed_session"))
 
 
+def plan_generically(conn: psycopg.Connection[Any]) -> None:
+    """This direct session plans each prepared statement once, for any parameters (see
+    generic_plans_session in sql/queries.sql)."""
+    conn.execute(_sql("generic_plans_session"))
+
+
 def ping(conn: psycopg.Connection[Any]) -> None:
     conn.execute(_sql("ping"))
 
