@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from slotd import db
 from slotd.chores import Chores, Done
@@ -33,6 +34,7 @@ class ChoreResults:
         counted: Callable[[Settled], None],
         ready: Callable[[], None],
         fatal: Callable[[str], None],
+        horizon: Callable[[Any], None] = lambda _row: None,
     ) -> None:
         self._listener = listener
         self._tokens = tokens
@@ -42,6 +44,7 @@ class ChoreResults:
         self._counted = counted
         self._ready = ready  # every slot may be up now: announce readiness once
         self._fatal = fatal  # a misconfiguration every slot would hit: stop the replica
+        self._horizon = horizon  # who holds back vacuum (slotd.heartbeat.horizon_seen)
 
     def done(self, done: Done) -> None:
         if done.name == "listen":
@@ -62,6 +65,11 @@ class ChoreResults:
             self._swept(done.value)
         elif done.name == "selftest":
             self._listener.selftest_sent(done)
+        elif done.name == "horizon":
+            if done.error is not None:
+                log.debug("reading the vacuum horizon failed: %s", db.first_line(done.error))
+            else:
+                self._horizon(done.value)
         elif done.error is not None and done.name == "heartbeat":
             if db.is_prepare_error(done.error):
                 self._fatal(db.PREPARE_ADVICE.format(error=db.first_line(done.error)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from datetime import timedelta
 from typing import Any
 
 import click
@@ -10,9 +11,9 @@ import psycopg
 
 import slotd
 from slotd import db, upgrades
-from slotd.config import Settings
+from slotd.config import Settings, parse_duration
 from slotd.errors import ConfigError, SchemaNotMigrated, SlotdError
-from slotd.repository import migrate as run_migrations
+from slotd.live_migrate import migrate_live
 
 
 class SlotdGroup(click.Group):
@@ -71,13 +72,38 @@ def main(ctx: click.Context, log_format: str | None) -> None:
     is_flag=True,
     help="Apply contract steps even while replicas older than they allow are alive.",
 )
+@click.option(
+    "--lock-timeout",
+    default="500ms",
+    show_default=True,
+    help="How long a step may wait for a table lock before the try is rolled back and "
+    "retried (while it waits, the fleet's enqueues and claims on that table wait too).",
+)
+@click.option(
+    "--wait",
+    default="5m",
+    show_default=True,
+    help="How long to keep retrying a step that cannot take its lock; then exit 1, "
+    "nothing applied, naming who holds slotd's tables (0s: one try).",
+)
 @click.pass_context
-def migrate(ctx: click.Context, force: bool) -> None:
-    """Create or upgrade the schema (safe to run twice, and from two hosts at once)."""
+def migrate(ctx: click.Context, force: bool, lock_timeout: str, wait: str) -> None:
+    """Create or upgrade the schema (safe to run twice, from two hosts at once, and under
+    a live fleet: see README, Upgrading)."""
     settings = settings_from(ctx)
+    bound = parse_duration(lock_timeout, name="--lock-timeout")
+    patience = parse_duration(wait, name="--wait")
+    if bound <= timedelta(0):
+        raise ConfigError("--lock-timeout must be more than 0")
     url = db.primary_url(settings)
     with db.connect(url, role="slotd migrate", prepare=settings.prepare) as conn:
-        applied = run_migrations(conn, force=force)
+        applied = migrate_live(
+            conn,
+            force=force,
+            lock_timeout=bound,
+            patience=patience,
+            say=lambda line: click.echo(line, err=True),
+        )
     click.echo(f"applied {', '.join(applied)}" if applied else "schema up to date")
 
 

@@ -193,6 +193,9 @@ class Settings:
     statement_timeout: timedelta = timedelta(seconds=30)
     heartbeat_interval: timedelta = timedelta(seconds=30)  # `slotd status` calls 1 min silent gone
     lock_timeout: timedelta = timedelta(seconds=5)
+    # A transaction holding back vacuum this long is named in a warning (0: never; see
+    # slotd/horizon.py).
+    horizon_warn: timedelta = timedelta(minutes=5)
     synchronous_commit: bool = True  # off: the queue's own writes only, see sql/queries.sql
     discovery_batch: int = 20
     # A priority point is this much head start. Stamped by the producer at enqueue; a
@@ -231,6 +234,7 @@ class Settings:
             statement_timeout=_duration("SLOTD_STATEMENT_TIMEOUT", "30s"),
             heartbeat_interval=_duration("SLOTD_HEARTBEAT_INTERVAL", "30s"),
             lock_timeout=_duration("SLOTD_LOCK_TIMEOUT", "5s"),
+            horizon_warn=_duration("SLOTD_HORIZON_WARN", "5m"),
             synchronous_commit=_on_off("SLOTD_SYNCHRONOUS_COMMIT", True),
             priority_step=priority_step(),
             schema=default_schema(),

@@ -271,9 +271,10 @@ def _try_connect(url: str) -> psycopg.Connection[Any] | None:
 
 
 def _migrate(conn: psycopg.Connection[Any]) -> None:
-    from slotd.repository import migrate
+    # Under its own replicas too (an upgrade of the package while they run): bounded waits.
+    from slotd.live_migrate import migrate_live
 
-    migrate(conn)
+    migrate_live(conn, say=lambda line: print(line, file=sys.stderr))
 
 
 def ensure(settings: Settings) -> str:

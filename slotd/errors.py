@@ -40,3 +40,17 @@ class SchemaNotMigrated(SlotdError):
 class UnsafeMigration(ConfigError):
     """`slotd migrate` refused a contract step: replicas whose code still uses what it
     removes are alive (exit 2, naming them; `--force` applies it anyway)."""
+
+
+class MigrationLockTimeout(SlotdError):
+    """A migration step could not take a table's lock within its bound: the migration
+    rolled back whole (nothing applied). slotd.live_migrate tries again."""
+
+    def __init__(self, step: str, reason: str) -> None:
+        super().__init__(f"{step}: {reason}")
+        self.step, self.reason = step, reason
+
+
+class MigrationBlocked(SlotdError):
+    """`slotd migrate` gave up: a step's table stayed locked for as long as it was told to
+    wait (exit 1, one line naming the holders; nothing applied)."""

@@ -10,11 +10,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from slotd import maintenance
 from slotd.chores import Chores
 from slotd.config import Settings
+from slotd.horizon import Holder, HorizonWatch
 from slotd.registry import Registry
 from slotd.slot_pool import SlotHandle
 
@@ -30,11 +32,14 @@ class Heartbeat:
         settings: Settings,
         registry: Registry,
         slots: Mapping[int, SlotHandle],
+        metrics: Callable[[], Any] = lambda: None,
     ) -> None:
         self.replica_id = replica_id
         self.settings = settings
         self.registry = registry
         self.slots = slots  # the pool's live map of slot number -> handle; only read here
+        self.metrics = metrics  # the replica's Metrics, once its server runs
+        self.horizon = HorizonWatch(settings.horizon_warn)
 
     def post(self, chores: Chores) -> None:
         """Announce this replica (one statement per heartbeat besides its discoveries), on
@@ -51,6 +56,18 @@ class Heartbeat:
                 repo.heartbeat(*replica, slots, types, leases, limits)
 
             chores.post("heartbeat", job)
+        # Who holds back vacuum, read on the primary: handed back to horizon_seen.
+        if not chores.pending["horizon"] and self.settings.horizon_warn.total_seconds() > 0:
+            chores.post("horizon", lambda: chores.repo().horizon_holder())
+
+    def horizon_seen(self, row: Mapping[str, Any] | None) -> None:
+        """The horizon's holder as the chores thread read it: a warning when it is worth one
+        (slotd.horizon), and the gauge."""
+        holder = Holder.from_row(row)
+        self.horizon.seen(holder)
+        metrics = self.metrics()
+        if metrics is not None:
+            metrics.set_horizon(holder)
 
     def leases(self) -> dict[int, int]:
         """task id -> the slot holding its lease. Also read by the chores thread (the

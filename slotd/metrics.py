@@ -357,6 +357,18 @@ class Metrics:
             ["task_type"],
             registry=reg,
         )
+        # Read by this replica's heartbeat on the primary (slotd.horizon): 0 until then.
+        self._horizon_age = Gauge(
+            "slotd_vacuum_horizon_age_seconds",
+            "How long the transaction holding back the database's xmin horizon the longest "
+            "has been open (0: none, or a holder with no start time: see _xids)",
+            registry=reg,
+        )
+        self._horizon_xids = Gauge(
+            "slotd_vacuum_horizon_xids",
+            "How many transactions the database's xmin horizon is behind",
+            registry=reg,
+        )
         for task_type, (most, per_group) in (limits or {}).items():
             if most is not None:
                 self._limit.labels(task_type).set(most)
@@ -380,6 +392,11 @@ class Metrics:
 
     def set_slots(self, slots: int) -> None:
         self._slots.set(slots)
+
+    def set_horizon(self, holder: Any) -> None:
+        """A slotd.horizon.Holder, or None when nothing holds the horizon."""
+        self._horizon_age.set(0.0 if holder is None else holder.age_s or 0.0)
+        self._horizon_xids.set(0.0 if holder is None else float(holder.xids))
 
     def record_outcome(
         self,

@@ -107,6 +107,9 @@ class Supervisor:
             ready=self._maybe_ready,
             fatal=self._fatal,
         )
+        self.heartbeat = Heartbeat(
+            self.replica_id, settings, registry, self.slots, metrics=lambda: self.metrics
+        )
         self.chore_results = ChoreResults(
             self.listener,
             self.tokens,
@@ -116,8 +119,8 @@ class Supervisor:
             counted=self.counts.count,
             ready=self._maybe_ready,
             fatal=self._fatal,
+            horizon=self.heartbeat.horizon_seen,
         )
-        self.heartbeat = Heartbeat(self.replica_id, settings, registry, self.slots)
 
     # public
 

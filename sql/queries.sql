@@ -911,6 +911,39 @@ SET seen_at = now(), slots = excluded.slots, task_types = excluded.task_types,
 -- name: replica_gone
 DELETE FROM slotd_replicas WHERE replica_id = %(replica_id)s
 
+-- name: horizon_holder
+-- What holds back the database's xmin horizon the longest: the session, replication slot or
+-- prepared transaction with the oldest xmin (this session aside). While one does, vacuum can
+-- remove nothing that died after it began, and every finished task's index entries stay in
+-- the queue's indexes (README, "A transaction held open"). A session holds it by its
+-- snapshot or, idle after a write, by its own xid; its age is its transaction's (a
+-- walsender's, for a standby's hot_standby_feedback, has none). A replication slot's age is
+-- unknown, only its distance in transactions. Read on the primary, each heartbeat, by every
+-- replica: pg_stat_activity, pg_replication_slots and pg_prepared_xacts are small views.
+SELECT kind, pid, who, state, age_s, xids
+FROM (
+    SELECT 'session' AS kind, a.pid,
+           coalesce(nullif(a.application_name, ''), a.backend_type, a.usename::text, '?') AS who,
+           coalesce(a.state, a.backend_type, '?') AS state,
+           extract(epoch FROM now() - a.xact_start)::float8 AS age_s,
+           greatest(age(a.backend_xmin), age(a.backend_xid))::bigint AS xids
+    FROM pg_stat_activity a
+    WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
+      AND a.pid <> pg_backend_pid()
+    UNION ALL
+    SELECT 'replication slot', NULL, s.slot_name::text,
+           CASE WHEN s.active THEN 'active' ELSE 'inactive' END, NULL,
+           greatest(age(s.xmin), age(s.catalog_xmin))::bigint
+    FROM pg_replication_slots s
+    WHERE s.xmin IS NOT NULL OR s.catalog_xmin IS NOT NULL
+    UNION ALL
+    SELECT 'prepared transaction', NULL, p.gid, 'prepared',
+           extract(epoch FROM now() - p.prepared)::float8, age(p.transaction)::bigint
+    FROM pg_prepared_xacts p
+) holders
+ORDER BY xids DESC, age_s DESC NULLS LAST
+LIMIT 1
+
 -- name: replicas
 -- A replica heartbeats every SLOTD_HEARTBEAT_INTERVAL (30 s, always under a minute); one
 -- silent for a minute is gone, and is
@@ -970,6 +1003,36 @@ SELECT version FROM slotd_schema_migrations ORDER BY version
 -- The live replicas as whole rows, whichever columns this schema has so far: a contract
 -- step's guard runs before or after sql/013 added the version columns.
 SELECT to_jsonb(r) FROM slotd_replicas r WHERE seen_at >= now() - interval '1 minute'
+
+-- name: migrate_lock_timeout_set
+-- How long each step may wait for a table lock, for this transaction only, set after
+-- migrate_lock (a second `slotd migrate` waits its turn on that one, unbounded). A step that
+-- alters a table queues for an ACCESS EXCLUSIVE lock behind whatever holds the table (a
+-- replica's transaction, a report, a held-open session), and while it waits every later
+-- lock on that table waits behind it: every enqueue and claim of a live fleet stops for as
+-- long as the oldest holder lasts. Bounded (500 ms by default, under deadlock_timeout's 1 s),
+-- the step gives up instead, the whole migration rolls back (nothing applied), and
+-- slotd.live_migrate tries again after a pause, so a fleet stalls at most the bound per try.
+SELECT set_config('lock_timeout', %(lock_timeout)s, true)
+
+-- name: migrate_lock_holders
+-- Who holds locks on slotd's tables (other than this session), oldest transaction first:
+-- what `slotd migrate` names when a step could not take its lock in time. Read after the
+-- failed try rolled back, so a holder that has ended since is not named.
+SELECT a.pid,
+       coalesce(nullif(a.application_name, ''), a.usename::text, '?') AS who,
+       coalesce(a.state, '?') AS state,
+       extract(epoch FROM now() - coalesce(a.xact_start, a.backend_start))::float8 AS age_s,
+       string_agg(DISTINCT c.relname, ',' ORDER BY c.relname) AS tables
+FROM pg_locks l
+JOIN pg_class c ON c.oid = l.relation
+JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.granted AND l.pid <> pg_backend_pid() AND l.locktype = 'relation'
+  AND n.nspname = %(schema)s AND c.relname LIKE 'slotd%%'
+GROUP BY a.pid, a.application_name, a.usename, a.state, a.xact_start, a.backend_start
+ORDER BY age_s DESC
+LIMIT 5
 
 -- name: migrate_record
 INSERT INTO slotd_schema_migrations (version, name) VALUES (%(version)s, %(name)s)

@@ -93,7 +93,7 @@ def test_promtool_check_rules_accepts_the_shipped_file() -> None:
         [PROMTOOL, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 7 rules found" in proc.stdout
+    assert "SUCCESS: 8 rules found" in proc.stdout
 
 
 def test_every_rule_has_severity_and_operator_annotations() -> None:
@@ -106,6 +106,7 @@ def test_every_rule_has_severity_and_operator_annotations() -> None:
         "SlotdSlotRestartLoop",
         "SlotdNoReplicas",
         "SlotdScheduleLate",
+        "SlotdVacuumHorizonHeld",
     }
     for rule in rules:
         assert rule["labels"]["severity"] in {"page", "ticket"}, rule["alert"]
@@ -152,6 +153,10 @@ def test_every_annotation_of_the_shipped_file_renders(tmp_path: Path) -> None:
             ],
             expect("SlotdScheduleLate", "25m"),
         ),
+        case(
+            fleet("slotd_vacuum_horizon_age_seconds", "0+60x40"),
+            expect("SlotdVacuumHorizonHeld", "30m"),
+        ),
     ]
     proc = promtool_test(tmp_path, RULES, *firing)
     output = proc.stdout + proc.stderr
@@ -163,9 +168,10 @@ def test_every_annotation_of_the_shipped_file_renders(tmp_path: Path) -> None:
         "SlotdTaskTypeUnhandled",
         "SlotdSlotRestartLoop",
         "SlotdScheduleLate",
+        "SlotdVacuumHorizonHeld",
     ):
         assert f'Labels:{{alertname="{alert}"' in output, output
-    assert output.count("runbook=") == 6, output
+    assert output.count("runbook=") == 7, output
     assert "error expanding template" not in output, output
     assert "{{" not in output and "<no value>" not in output, output
 
@@ -615,5 +621,29 @@ def test_schedule_late_ignores_a_short_period_schedule_a_few_seconds_behind(
                 *fleet("slotd_schedule_period_seconds", "1x40", schedule="tick"),
             ],
             expect("SlotdScheduleLate", "30m"),
+        ),
+    )
+
+
+def test_vacuum_horizon_held_pages_after_twenty_minutes_not_for_a_short_report(
+    tmp_path: Path,
+) -> None:
+    # Held from minute 0 and growing by 60 s a minute: past 900 s at minute 16, for 5m -> 21m.
+    # A 10-minute report (the age back to 0 after it) never fires.
+    assert_promtool_passes(
+        tmp_path,
+        case(
+            fleet("slotd_vacuum_horizon_age_seconds", "0+60x40"),
+            expect("SlotdVacuumHorizonHeld", "20m"),
+            expect(
+                "SlotdVacuumHorizonHeld",
+                "22m",
+                fired("slotd: vacuum has been held back for 22m 0s", severity="ticket"),
+            ),
+        ),
+        case(
+            fleet("slotd_vacuum_horizon_age_seconds", "0+60x10 0x30"),
+            expect("SlotdVacuumHorizonHeld", "15m"),
+            expect("SlotdVacuumHorizonHeld", "30m"),
         ),
     )

@@ -236,7 +236,9 @@ def test_migration_runs_before_install_and_upgrade_with_its_own_secret(
     weight = int(hook_secret["metadata"]["annotations"]["helm.sh/hook-weight"])
     assert weight < int(job["metadata"]["annotations"]["helm.sh/hook-weight"])
     [container] = job["spec"]["template"]["spec"]["containers"]
-    assert container["command"] == ["slotd", "migrate"]
+    # Lock waits bounded and retried for lockWait, inside the Job's activeDeadlineSeconds.
+    assert container["command"] == ["slotd", "migrate", "--wait", "4m"]
+    assert job["spec"]["activeDeadlineSeconds"] == 600
     assert env_of(container)["SLOTD_DATABASE_URL"] == {
         "secretKeyRef": {"name": "release-slotd-migrate", "key": "database-url"}
     }
@@ -354,6 +356,7 @@ def test_existing_secret_is_used_and_no_secret_is_created(helm: Path, tmp_path: 
         ({"schema": "Billing"}, "/schema"),
         ({"schema": "pg_billing"}, "/schema"),
         ({"database": {"url": "mysql://db/acme"}}, "/database/url"),
+        ({"migration": {"lockWait": "four minutes"}}, "/migration/lockWait"),
     ],
 )
 def test_schema_rejects_bad_values(

@@ -127,7 +127,10 @@ def test_worker_requires_and_follows_its_migration(
     assert migrate["Type"] == ["oneshot"]
     assert migrate["RemainAfterExit"] == ["yes"]
     assert migrate["EnvironmentFile"] == [env_file]
-    assert migrate["ExecStart"] == [f"{INSTALLED_SLOTD} migrate"]
+    # Lock waits bounded and retried for 4 minutes, inside the unit's 5-minute start limit:
+    # the unit fails with slotd's own line, not systemd's timeout kill.
+    assert migrate["ExecStart"] == [f"{INSTALLED_SLOTD} migrate --wait 4m"]
+    assert migrate["TimeoutStartSec"] == ["5min"]
 
 
 @pytest.mark.parametrize("name", UNITS)

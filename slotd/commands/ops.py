@@ -22,6 +22,7 @@ from slotd.config import Settings, format_duration, parse_duration
 from slotd.enqueue import enqueue as enqueue_task
 from slotd.errors import ConfigError, SlotdError
 from slotd.history import ALARM_REASONS, recent_outcomes
+from slotd.horizon import Holder, status_line
 from slotd.payload import encode
 from slotd.registry import validate_type_name
 from slotd.repository import Repository, UnknownParents, paused_types
@@ -106,6 +107,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
         recent = recent_outcomes(repo.read, schema=repo.schema)
         schema = repo.schema
         batches = batches_in_flight(repo.read, limit=BATCHES_SHOWN, schema=repo.schema)
+        holder = Holder.from_row(repo.horizon_holder())
+    warn_after = ctx.obj.horizon_warn
     types = sorted(set(gauges["pending"]) | set(gauges["running"]) | set(gauges["dead"]))
     if as_json:
         report = {
@@ -131,6 +134,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
                 }
                 for b in batches
             ],
+            # Whatever holds the horizon the longest, shown or not: scripts decide.
+            "vacuum_horizon": None if holder is None else holder.as_json(),
         }
         click.echo(_dump(report))
         return
@@ -173,6 +178,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         rows = [(b.id, b.callback_type, f"{b.done}/{b.total}", _ago(b.age_s)) for b in batches]
         table = _table(("BATCH", "ON COMPLETE", "DONE", "AGE"), rows)
         click.echo("\n".join("  " + line for line in table.splitlines()))
+    click.echo(status_line(holder, warn_after))
     slots = sum(r["slots"] for r in replicas)
     click.echo(f"replicas: {len(replicas)} live, {slots} slots{fleet_versions(replicas)}")
     if replicas:

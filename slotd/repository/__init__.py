@@ -73,6 +73,7 @@ from slotd.repository.schedules import Schedules
 from slotd.repository.schema import (
     create_database,
     migrate,
+    migrate_lock_holders,
     migrations,
     newest_migration,
     schema_present,
@@ -134,6 +135,7 @@ __all__ = [
     "listen",
     "listen_control",
     "migrate",
+    "migrate_lock_holders",
     "migrations",
     "notify_selftest",
     "pause_type",

@@ -63,6 +63,11 @@ class Fleet(Lanes):
     def replicas(self) -> list[dict[str, Any]]:
         return _dicts(self.write.execute(_sql("replicas", self.schema)))
 
+    def horizon_holder(self) -> dict[str, Any] | None:
+        """What holds back the xmin horizon the longest (sql horizon_holder), or None."""
+        rows = _dicts(self.write.execute(_sql("horizon_holder", self.schema)))
+        return rows[0] if rows else None
+
 
 def _version() -> str:
     from slotd import __version__  # the package imports the repository first

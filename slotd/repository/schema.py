@@ -3,14 +3,23 @@ the embedded server and the throwaway test servers create."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from functools import cache
 from typing import Any
 
 import psycopg
 
 from slotd import upgrades
-from slotd.errors import UnsafeMigration
-from slotd.repository.named import DEFAULT_SCHEMA, _sql, resolve_schema, rewrite, sql_dir
+from slotd.errors import MigrationLockTimeout, UnsafeMigration
+from slotd.repository.named import (
+    DEFAULT_SCHEMA,
+    _dicts,
+    _interval,
+    _sql,
+    resolve_schema,
+    rewrite,
+    sql_dir,
+)
 
 
 def migrations() -> list[tuple[int, str, str]]:
@@ -25,7 +34,11 @@ def newest_migration() -> int:
 
 
 def migrate(
-    conn: psycopg.Connection[Any], *, force: bool = False, schema: str | None = None
+    conn: psycopg.Connection[Any],
+    *,
+    force: bool = False,
+    schema: str | None = None,
+    lock_timeout: timedelta | None = None,
 ) -> list[str]:
     """Apply the numbered migrations not yet recorded, all in one transaction that first
     takes a transaction-scoped advisory lock and reads what is applied under it: two hosts
@@ -43,39 +56,62 @@ def migrate(
     search_path set to that schema alone as well, so that what a step creates lands there
     and a name the rewrite missed fails here instead of resolving in public. The
     search_path is put back before the transaction (or the caller's savepoint) ends:
-    nothing after the migration may lean on it."""
+    nothing after the migration may lean on it.
+
+    `lock_timeout` bounds each step's wait for a table lock (sql migrate_lock_timeout_set
+    says why): past it the whole transaction rolls back, nothing applied, and
+    MigrationLockTimeout names the step. slotd.live_migrate retries it."""
     schema = resolve_schema(schema)
     applied_now: list[str] = []
     refused: str | None = None
-    with conn.transaction():
-        conn.execute(_sql("migrate_lock", schema))
-        if schema != DEFAULT_SCHEMA:
-            conn.execute(_sql("migrate_schema_create", schema))
-            was = conn.execute(_sql("migrate_search_path_set", schema)).fetchone()[0]  # type: ignore[index]
-        conn.execute(_sql("migrate_init", schema))
-        done = {row[0] for row in conn.execute(_sql("migrate_applied", schema))}
-        for step in upgrades.read(sql_dir()):
-            if step.version in done:
-                continue
-            if step.contract_of is not None and not force:
-                # Read under the lock, after the steps before it: any columns will do
-                # (a replica of a release before sql/013 has no version to show).
-                fleet = [row[0] for row in conn.execute(_sql("migrate_fleet", schema))]
-                older = upgrades.too_old(fleet, step.contract_of)
-                if older:
-                    refused = upgrades.refusal(step, older)
-                    break
-            conn.execute(rewrite(step.body, schema))  # type: ignore[arg-type]
-            conn.execute(
-                _sql("migrate_record", schema), {"version": step.version, "name": step.name}
-            )
-            applied_now.append(step.name)
-        if schema != DEFAULT_SCHEMA:
-            conn.execute(_sql("migrate_search_path_reset"), {"was": was})
+    current = "the migration bookkeeping"
+    try:
+        with conn.transaction():
+            conn.execute(_sql("migrate_lock", schema))
+            if lock_timeout is not None:
+                conn.execute(
+                    _sql("migrate_lock_timeout_set", schema),
+                    {"lock_timeout": _interval(lock_timeout)},
+                )
+            if schema != DEFAULT_SCHEMA:
+                conn.execute(_sql("migrate_schema_create", schema))
+                was = conn.execute(_sql("migrate_search_path_set", schema)).fetchone()[0]  # type: ignore[index]
+            conn.execute(_sql("migrate_init", schema))
+            done = {row[0] for row in conn.execute(_sql("migrate_applied", schema))}
+            for step in upgrades.read(sql_dir()):
+                if step.version in done:
+                    continue
+                current = step.name
+                if step.contract_of is not None and not force:
+                    # Read under the lock, after the steps before it: any columns will do
+                    # (a replica of a release before sql/013 has no version to show).
+                    fleet = [row[0] for row in conn.execute(_sql("migrate_fleet", schema))]
+                    older = upgrades.too_old(fleet, step.contract_of)
+                    if older:
+                        refused = upgrades.refusal(step, older)
+                        break
+                conn.execute(rewrite(step.body, schema))  # type: ignore[arg-type]
+                conn.execute(
+                    _sql("migrate_record", schema), {"version": step.version, "name": step.name}
+                )
+                applied_now.append(step.name)
+            if schema != DEFAULT_SCHEMA:
+                conn.execute(_sql("migrate_search_path_reset"), {"was": was})
+    except psycopg.errors.LockNotAvailable as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "lock timeout"
+        raise MigrationLockTimeout(current, reason) from exc
     if refused is not None:
         done_part = f"applied {', '.join(applied_now)}; " if applied_now else ""
         raise UnsafeMigration(done_part + refused)
     return applied_now
+
+
+def migrate_lock_holders(
+    conn: psycopg.Connection[Any], *, schema: str | None = None
+) -> list[dict[str, Any]]:
+    """Sessions holding locks on slotd's tables, oldest transaction first (at most 5)."""
+    schema = resolve_schema(schema)
+    return _dicts(conn.execute(_sql("migrate_lock_holders", schema), {"schema": schema}))
 
 
 def unapplied_migrations(conn: psycopg.Connection[Any], *, schema: str | None = None) -> list[str]:

@@ -216,8 +216,10 @@ def main() -> int:
         for minute in range(1, minutes + 1):
             note = ""
             if args.hold_at is not None and minute == round(args.hold_at) + 1 and held is None:
-                held = psycopg.connect(pg.url())
-                held.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                # psycopg opens the transaction itself: the level is set on the connection
+                # (a BEGIN of our own was ignored with a warning, leaving READ COMMITTED).
+                held = psycopg.connect(pg.url(), application_name="soak-hold")
+                held.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
                 held.execute("SELECT count(*) FROM slotd_tasks").fetchone()  # the snapshot
                 hold_end = minute + round(args.hold_minutes)
                 note = "xmin held from here"
