@@ -46,9 +46,9 @@ class MigrationLockTimeout(SlotdError):
     """A migration step could not take a table's lock within its bound: the migration
     rolled back whole (nothing applied). slotd.live_migrate tries again."""
 
-    def __init__(self, step: str, reason: str) -> None:
-        super().__init__(f"{step}: {reason}")
-        self.step, self.reason = step, reason
+    def __init__(self, step: str) -> None:
+        super().__init__(f"{step} could not take its table lock in time")
+        self.step = step
 
 
 class MigrationBlocked(SlotdError):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -33,17 +33,8 @@ class Holder:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any] | None) -> Holder | None:
-        if row is None:
-            return None
-        age = row["age_s"]
-        return cls(
-            kind=row["kind"],
-            pid=row["pid"],
-            who=row["who"],
-            state=row["state"],
-            age_s=None if age is None else float(age),
-            xids=int(row["xids"] or 0),
-        )
+        """A row of sql horizon_holder: its columns are these fields."""
+        return None if row is None else cls(**row)
 
     @property
     def key(self) -> tuple[str, int | None, str]:
@@ -55,14 +46,9 @@ class Holder:
         return f"{name}, {self.state}{held}, {self.xids:,} transactions behind"
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "pid": self.pid,
-            "who": self.who,
-            "state": self.state,
-            "age_seconds": self.age_s,
-            "xids": self.xids,
-        }
+        data = asdict(self)
+        data["age_seconds"] = data.pop("age_s")
+        return data
 
 
 def worth_showing(holder: Holder | None, warn_after: timedelta) -> bool:

@@ -29,6 +29,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from slotd import db
+from slotd.horizon import Holder
 from slotd.outcome import Outcome
 from slotd.repository import Limits, Repository, execute
 
@@ -393,8 +394,8 @@ class Metrics:
     def set_slots(self, slots: int) -> None:
         self._slots.set(slots)
 
-    def set_horizon(self, holder: Any) -> None:
-        """A slotd.horizon.Holder, or None when nothing holds the horizon."""
+    def set_horizon(self, holder: Holder | None) -> None:
+        """None when nothing holds the horizon."""
         self._horizon_age.set(0.0 if holder is None else holder.age_s or 0.0)
         self._horizon_xids.set(0.0 if holder is None else float(holder.xids))
 

@@ -98,8 +98,7 @@ def migrate(
             if schema != DEFAULT_SCHEMA:
                 conn.execute(_sql("migrate_search_path_reset"), {"was": was})
     except psycopg.errors.LockNotAvailable as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "lock timeout"
-        raise MigrationLockTimeout(current, reason) from exc
+        raise MigrationLockTimeout(current) from exc
     if refused is not None:
         done_part = f"applied {', '.join(applied_now)}; " if applied_now else ""
         raise UnsafeMigration(done_part + refused)
