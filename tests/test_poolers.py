@@ -21,6 +21,7 @@ from slotd import db, repository
 from slotd.localpg import LocalPostgres
 from tests.daemon import ROOT, Daemon, wait_for
 from tests.pgbouncer import PgBouncer, binary, pgbouncer
+from tests.test_generic_plans import connections
 
 pytestmark = pytest.mark.skipif(
     binary() is None, reason="pgbouncer is not installed (apt-get install -y pgbouncer)"
@@ -40,6 +41,26 @@ def drained(conn: psycopg.Connection[Any]) -> bool:
 def pooled_env(bouncer: PgBouncer, db_url: str) -> dict[str, str]:
     # Transaction pooling needs LISTEN on a direct connection; session pooling does not.
     return {"SLOTD_DATABASE_URL_LISTEN": db_url} if bouncer.mode == "transaction" else {}
+
+
+@pytest.mark.parametrize("mode", ["transaction", "session"])
+def test_a_slot_behind_a_pooler_leaves_the_servers_plan_settings_alone(
+    bouncers: dict[str, PgBouncer], db_url: str, mode: str
+) -> None:
+    """A slot's direct sessions plan generically (sql generic_plans_session); behind a
+    pooler that session setting would stay on a server connection other clients share."""
+    repo = connections(bouncers[mode].url_for(db_url), None).connect()
+    try:
+        assert db.pooled(repo.write)
+        assert repo.write.execute("SHOW plan_cache_mode").fetchone() == ("auto",)
+    finally:
+        repo.write.close()
+    # The same slot straight to the server does set it (the other half of the rule).
+    direct = connections(db_url, None).connect()
+    try:
+        assert direct.write.execute("SHOW plan_cache_mode").fetchone() == ("force_generic_plan",)
+    finally:
+        direct.write.close()
 
 
 @pytest.mark.parametrize("mode", ["transaction", "session"])
