@@ -35,10 +35,10 @@ __all__ = [
 ]
 __version__ = "0.2.0.dev0"
 
-from slotd.batches import batch, batch_async  # noqa: E402
-from slotd.control import cancel, pause, resume  # noqa: E402
-from slotd.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async  # noqa: E402
-from slotd.results import (  # noqa: E402
+from slotd.producer.batches import batch, batch_async  # noqa: E402
+from slotd.producer.control import cancel, pause, resume  # noqa: E402
+from slotd.producer.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async  # noqa: E402
+from slotd.producer.results import (  # noqa: E402
     TaskResult,
     result,
     result_async,

@@ -10,10 +10,11 @@ import click
 import psycopg
 
 import slotd
-from slotd import db, upgrades
+from slotd import db
 from slotd.config import Settings, parse_duration
 from slotd.errors import ConfigError, SchemaNotMigrated, SlotdError
-from slotd.live_migrate import migrate_live
+from slotd.upgrade import guard as upgrades
+from slotd.upgrade.live import migrate_live
 
 
 class SlotdGroup(click.Group):

@@ -194,7 +194,7 @@ class Settings:
     heartbeat_interval: timedelta = timedelta(seconds=30)  # `slotd status` calls 1 min silent gone
     lock_timeout: timedelta = timedelta(seconds=5)
     # A transaction holding back vacuum this long is named in a warning (0: never; see
-    # slotd/horizon.py).
+    # slotd/supervisor/horizon.py).
     horizon_warn: timedelta = timedelta(minutes=5)
     synchronous_commit: bool = True  # off: the queue's own writes only, see sql/queries.sql
     discovery_batch: int = 20

@@ -37,7 +37,7 @@ def primary_url(settings: Settings) -> str:
     """SLOTD_DATABASE_URL, else DATABASE_URL, else the embedded development server."""
     if settings.database_url:
         return _checked(settings.database_url)
-    from slotd import embedded
+    from slotd.dev import embedded
 
     return embedded.ensure(settings)
 
@@ -48,7 +48,7 @@ def existing_url(settings: Settings) -> str:
     server just to report that it holds nothing."""
     if settings.database_url:
         return _checked(settings.database_url)
-    from slotd import embedded
+    from slotd.dev import embedded
 
     url = embedded.running_url(settings)
     if url is None:

@@ -28,7 +28,7 @@ def encode(payload: Mapping[str, Any] | None, what: str) -> str:
     return text
 
 
-# A stored result travels in the slot's last words (slotd/ledger.py) before it is written, so
+# A stored result travels in the slot's last words (slotd/slot/ledger.py) before it is written, so
 # it is bounded: a return value larger than this is the handler's error, not a truncation.
 RESULT_MAX = 256 * 1024
 

@@ -257,7 +257,7 @@ SELECT set_config('default_transaction_isolation', 'read committed', false),
 -- reads the order index's ends, dead entries and all) made every custom-planned discovery
 -- cost more than running it, and a replica drained at 70% of the rate during the hold and
 -- never recovered after it (tests/bench/soak.py --hold-at, RESULTS.md). Set only where the
--- session is ours (slotd/slot_connections.py): behind a transaction-mode pooler a session
+-- session is ours (slotd/slot/connections.py): behind a transaction-mode pooler a session
 -- setting would land on whichever server connection ran it. JIT is off on these sessions
 -- (bind_session, read_committed_session): a generic plan's estimates would pass
 -- jit_above_cost at volume, and compiling costs more than the walk.

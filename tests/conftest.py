@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from slotd.localpg import LocalPostgres
+from slotd.dev.localpg import LocalPostgres
 from slotd.repository import Repository
 from slotd.testing import ThrowawayPostgres, throwaway_postgres
 from tests.daemon import EXECUTIONS, Daemon

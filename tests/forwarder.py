@@ -9,7 +9,7 @@ import contextlib
 import threading
 from pathlib import Path
 
-from slotd.localpg import SERVER_USER, LocalPostgres
+from slotd.dev.localpg import SERVER_USER, LocalPostgres
 
 
 class Forwarder:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psycopg
 
-from slotd.localpg import SERVER_USER, LocalPostgres, _run_as
+from slotd.dev.localpg import SERVER_USER, LocalPostgres, _run_as
 
 
 def binary() -> str | None:

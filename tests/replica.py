@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from slotd.localpg import SERVER_USER, LocalPostgres, find_bindir
+from slotd.dev.localpg import SERVER_USER, LocalPostgres, find_bindir
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""A slot's candidates (slotd/candidates.py): a discovery that is slow asks for more next time,
+"""A slot's candidates (slotd/slot/candidates.py): a discovery that is slow asks for more next time,
 so that slots do not spend the server on rediscovering a dead-tuple-laden index head (a held
 xmin); a claim is offered the head of what was found, a healthy discovery's size at most."""
 
@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 
 import slotd
-from slotd.candidates import MAX_WIDEN, Candidates
 from slotd.repository import NewTask, Repository, enqueue_many
+from slotd.slot.candidates import MAX_WIDEN, Candidates
 
 
 def _registry() -> slotd.Registry:

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 import slotd
-from slotd.metrics import Metrics, db_gauge_source
+from slotd.ops.metrics import Metrics, db_gauge_source
 from slotd.registry import Registry
 from slotd.repository import Repository, limit_params, statements
 from tests.test_ops_cli import one_error_line, run_cli

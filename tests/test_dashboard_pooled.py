@@ -18,7 +18,7 @@ with warnings.catch_warnings():
     from starlette.testclient import TestClient
 
 import slotd  # noqa: E402
-from slotd.localpg import LocalPostgres  # noqa: E402
+from slotd.dev.localpg import LocalPostgres  # noqa: E402
 from slotd.web import create_app  # noqa: E402
 from slotd.web.settings import DashboardSettings  # noqa: E402
 from tests.pgbouncer import binary, pgbouncer  # noqa: E402

@@ -10,7 +10,7 @@ import pytest
 
 import slotd
 from slotd import db
-from slotd.localpg import LocalPostgres, scratch
+from slotd.dev.localpg import LocalPostgres, scratch
 from slotd.repository import migrate
 from tests.daemon import EXECUTIONS, Daemon, wait_for
 from tests.forwarder import Forwarder

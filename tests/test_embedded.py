@@ -22,10 +22,10 @@ import psutil
 import psycopg
 import pytest
 
-from slotd import embedded
 from slotd.config import Settings
+from slotd.dev import embedded
+from slotd.dev.localpg import LocalPostgresError
 from slotd.errors import ConfigError
-from slotd.localpg import LocalPostgresError
 
 STARTED = "started the embedded development PostgreSQL"
 IS_ROOT = os.geteuid() == 0

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from slotd.config import Faults, Settings
+from slotd.dev.faults import CRASH_STATUS, InjectedFault, Injector, refuse_unless_allowed
 from slotd.errors import ConfigError
-from slotd.faults import CRASH_STATUS, InjectedFault, Injector, refuse_unless_allowed
 
 
 class Recorder:

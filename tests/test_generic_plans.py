@@ -13,7 +13,7 @@ import slotd
 from slotd import db
 from slotd.config import Settings
 from slotd.repository import Repository
-from slotd.slot_connections import SlotConnections
+from slotd.slot.connections import SlotConnections
 
 CALLS = 30  # psycopg prepares a statement at its 6th execution (prepare_threshold = 5)
 

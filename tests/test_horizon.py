@@ -17,8 +17,8 @@ import psycopg
 import pytest
 
 import slotd
-from slotd.horizon import UNTIMED_SHOWN_XIDS, Holder, HorizonWatch, status_line
 from slotd.repository import Repository
+from slotd.supervisor.horizon import UNTIMED_SHOWN_XIDS, Holder, HorizonWatch, status_line
 from tests.daemon import ROOT, Daemon, wait_for
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import uuid
 
-from slotd.ledger import WORDS_AT, WORDS_MAX, Ledger
 from slotd.outcome import CRASHED, Result
+from slotd.slot.ledger import WORDS_AT, WORDS_MAX, Ledger
 
 
 def test_words_cross_a_fork_and_are_heard_for_their_own_lease_only() -> None:

@@ -7,8 +7,8 @@ import os
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from slotd.ledger import CAPACITY, TYPE_MAX, Ledger, lean, unlean
 from slotd.repository import Claimed
+from slotd.slot.ledger import CAPACITY, TYPE_MAX, Ledger, lean, unlean
 
 
 def claimed(task_id: int, task_type: str = "email.send") -> Claimed:

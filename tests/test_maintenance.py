@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from slotd.maintenance import hourly_cleanup
 from slotd.repository import Repository
+from slotd.supervisor.maintenance import hourly_cleanup
 
 WEEK = timedelta(days=7)
 

@@ -10,8 +10,8 @@ import psycopg
 import pytest
 
 from slotd.errors import ConfigError
-from slotd.metrics import Metrics, db_gauge_source
-from slotd.metrics_server import parse_addr, serve
+from slotd.ops.metrics import Metrics, db_gauge_source
+from slotd.ops.metrics_server import parse_addr, serve
 
 TYPES = ["alpha", "beta"]
 

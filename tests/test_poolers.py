@@ -18,7 +18,7 @@ import pytest
 
 import slotd
 from slotd import db, repository
-from slotd.localpg import LocalPostgres
+from slotd.dev.localpg import LocalPostgres
 from tests.daemon import ROOT, Daemon, wait_for
 from tests.pgbouncer import PgBouncer, binary, pgbouncer
 from tests.test_generic_plans import connections

@@ -10,9 +10,9 @@ import pytest
 
 import slotd
 from slotd.outcome import Outcome
-from slotd.processor import process
 from slotd.registry import Registry
 from slotd.repository import Claimed, Repository
+from slotd.runner.processor import process
 
 MINUTE = timedelta(minutes=1)
 

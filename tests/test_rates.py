@@ -170,7 +170,7 @@ def test_status_and_metrics_show_the_current_window(
     from click.testing import CliRunner
 
     from slotd.cli import main
-    from slotd.metrics import _rate_families
+    from slotd.ops.metrics import _rate_families
 
     reg = rated(rate=(3, timedelta(seconds=60)), rate_per_group=(1, timedelta(seconds=30)))
     slotd.enqueue_many(conn, [slotd.NewTask("sms", {}, group=g) for g in "aab"])
@@ -221,7 +221,7 @@ def test_the_dashboard_shows_each_rated_types_window(
 def test_retention_prunes_windows_with_no_start_left_in_them(
     conn: psycopg.Connection[Any], repo: Repository
 ) -> None:
-    from slotd.maintenance import prune
+    from slotd.supervisor.maintenance import prune
 
     reg = rated(rate_per_group=(1, timedelta(seconds=10)), rate=(5, timedelta(seconds=10)))
     slotd.enqueue_many(conn, [slotd.NewTask("sms", {}, group=g) for g in "abc"])

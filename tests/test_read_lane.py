@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 import slotd
-from slotd.localpg import LocalPostgres, scratch
+from slotd.dev.localpg import LocalPostgres, scratch
 from slotd.repository import migrate
 from tests.daemon import Daemon, wait_for
 from tests.replica import streaming_replica

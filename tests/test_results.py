@@ -16,8 +16,8 @@ import psycopg
 import pytest
 
 import slotd
-from slotd import maintenance
 from slotd.repository import Repository
+from slotd.supervisor import maintenance
 from tests.apps.flows import GATE
 from tests.daemon import ROOT, Daemon, wait_for
 

@@ -16,7 +16,7 @@ import psycopg
 import slotd
 from slotd.config import Settings
 from slotd.repository import Repository
-from slotd.scheduler import Evaluator, ScheduleThread
+from slotd.supervisor.scheduler import Evaluator, ScheduleThread
 from tests.daemon import Daemon, wait_for
 from tests.test_schedules_daemon import replica, schedules_json
 

@@ -11,7 +11,7 @@ import pytest
 
 import slotd
 from slotd.repository import Repository
-from slotd.scheduler import Evaluator
+from slotd.supervisor.scheduler import Evaluator
 
 
 def app(overlap: str = "skip", period: timedelta = timedelta(seconds=1)) -> slotd.Registry:
@@ -238,8 +238,8 @@ def test_metrics_show_the_last_fire_and_a_lag_that_grows_while_nothing_fires(
 ) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from slotd.metrics import Metrics
-    from slotd.scheduler import ScheduleCollector
+    from slotd.ops.metrics import Metrics
+    from slotd.supervisor.scheduler import ScheduleCollector
 
     ev = Evaluator(app(period=timedelta(minutes=1)).schedules, "r", 20)
     metrics = Metrics(1, ["audit"], None)

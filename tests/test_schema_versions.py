@@ -18,11 +18,11 @@ import pytest
 from click.testing import CliRunner
 
 import slotd
-from slotd import upgrades
 from slotd.cli import main
+from slotd.dev.localpg import LocalPostgres
 from slotd.errors import SchemaNotMigrated
-from slotd.localpg import LocalPostgres
 from slotd.repository import create_database, migrations, newest_migration
+from slotd.upgrade import guard as upgrades
 from tests.daemon import ROOT, Daemon, wait_for
 
 FIRST_OF_THIS_RELEASE = 13

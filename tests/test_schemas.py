@@ -19,8 +19,8 @@ from click.testing import CliRunner
 import slotd
 from slotd import repository
 from slotd.cli import main
+from slotd.dev.localpg import LocalPostgres
 from slotd.errors import ConfigError
-from slotd.localpg import LocalPostgres
 from slotd.repository import named
 from tests.daemon import EXECUTIONS, ROOT, Daemon, wait_for
 from tests.pgbouncer import PgBouncer, binary, pgbouncer

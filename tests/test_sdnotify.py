@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slotd.sdnotify import notify, watchdog_interval
+from slotd.supervisor.sdnotify import notify, watchdog_interval
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 
 import slotd
 from slotd import proc
-from slotd.runner_keeper import Runner
+from slotd.slot.runner_keeper import Runner
 from tests.daemon import ROOT, Daemon, gone, wait_for
 
 

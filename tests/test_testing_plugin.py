@@ -14,13 +14,13 @@ import psycopg
 import pytest
 
 import slotd
-from slotd.localpg import LocalPostgresError, find_bindir
+from slotd.dev.localpg import LocalPostgresError, find_bindir
 from slotd.outcome import Outcome
 from slotd.repository import Claimed
 from slotd.testing import BlockedByTest, ManualQueue, QueuedTask, TaskFailed, _rebased, eager
 
 pytest_plugins = ["pytester"]
-enqueue_module = importlib.import_module("slotd.enqueue")
+enqueue_module = importlib.import_module("slotd.producer.enqueue")
 
 MINUTE = timedelta(minutes=1)
 BACKOFF_CAP = timedelta(minutes=10)  # Settings() default: any backoff is over after this

@@ -21,7 +21,7 @@ import pytest
 
 import slotd
 from slotd import repository
-from slotd.localpg import LocalPostgres
+from slotd.dev.localpg import LocalPostgres
 from tests.daemon import EXECUTIONS, ROOT, Daemon, wait_for
 from tests.release import Release, unpack
 

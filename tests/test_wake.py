@@ -1,6 +1,6 @@
 """Token coalescing, without processes: the rules the supervisor's wake relies on."""
 
-from slotd.wake import Tokens
+from slotd.supervisor.wake import Tokens
 
 
 def test_a_token_wakes_exactly_one_idle_slot_warmest_first() -> None:

@@ -2,7 +2,7 @@
 
 from datetime import UTC, datetime, timedelta
 
-from slotd.watchdog import Step, Watchdog
+from slotd.slot.watchdog import Step, Watchdog
 
 
 def dog(now: float = 100.0) -> Watchdog:

@@ -11,8 +11,8 @@ import click
 
 from slotd.commands.ops import _duration, _repository, _task_type
 from slotd.config import format_duration
-from slotd.control import cancel_matching, operator
 from slotd.errors import ConfigError
+from slotd.producer.control import cancel_matching, operator
 from slotd.repository import pause_type, resume_type
 
 

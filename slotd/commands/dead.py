@@ -15,8 +15,8 @@ import click
 from slotd.commands.ops import _dump, _duration, _repository, _table, _task_type
 from slotd.config import Settings, format_duration
 from slotd.errors import ConfigError, SlotdError
-from slotd.maintenance import prune
 from slotd.repository import Repository
+from slotd.supervisor.maintenance import prune
 
 RETRY_BATCH = 1000
 PURGE_BATCH = 5000

@@ -6,8 +6,8 @@ import json
 
 import click
 
-from slotd import embedded as embedded_pg
 from slotd.config import Settings
+from slotd.dev import embedded as embedded_pg
 
 
 @click.group("embedded")

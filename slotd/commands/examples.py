@@ -10,7 +10,7 @@ import click
 
 from slotd import db
 from slotd.config import Settings
-from slotd.enqueue import enqueue
+from slotd.producer.enqueue import enqueue
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*(s|m|h))?\s*$")
 _PER = {"s": 1.0, "m": 60.0, "h": 3600.0}

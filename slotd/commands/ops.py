@@ -19,14 +19,14 @@ import click
 
 from slotd import db
 from slotd.config import Settings, format_duration, parse_duration
-from slotd.enqueue import enqueue as enqueue_task
 from slotd.errors import ConfigError, SlotdError
-from slotd.history import ALARM_REASONS, recent_outcomes
-from slotd.horizon import Holder, status_line
+from slotd.ops.history import ALARM_REASONS, recent_outcomes
 from slotd.payload import encode
+from slotd.producer.enqueue import enqueue as enqueue_task
 from slotd.registry import validate_type_name
 from slotd.repository import Repository, UnknownParents, paused_types
 from slotd.repository.batches import batches_in_flight
+from slotd.supervisor.horizon import Holder, status_line
 
 
 @contextmanager

@@ -9,7 +9,7 @@ import click
 
 from slotd import db
 from slotd.config import Settings, parse_duration
-from slotd.results import TaskResult, result, wait_result
+from slotd.producer.results import TaskResult, result, wait_result
 
 
 @click.command("result")

@@ -9,10 +9,11 @@ import sys
 import click
 import psycopg
 
-from slotd import db, logs, repository, upgrades
+from slotd import db, logs, repository
 from slotd.config import Settings
 from slotd.errors import ConfigError
 from slotd.registry import Registry, load_registry
+from slotd.upgrade import guard as upgrades
 
 log = logging.getLogger("slotd.run")
 
@@ -31,7 +32,7 @@ def run(ctx: click.Context, app: str | None, slots: int | None, metrics_addr: st
     sys.path.insert(0, os.getcwd())
     registry = load_registry(app)
     settings = _database_from_app(settings, registry)
-    from slotd.faults import Injector
+    from slotd.dev.faults import Injector
 
     faults = Injector.from_settings(settings)  # refuses unless SLOTD_ALLOW_FAULTS=1
     write_url = db.primary_url(settings)
@@ -41,7 +42,7 @@ def run(ctx: click.Context, app: str | None, slots: int | None, metrics_addr: st
             "running on the embedded development database; set SLOTD_DATABASE_URL for production"
         )
     _check_schema(write_url)
-    from slotd.supervisor import Supervisor
+    from slotd.supervisor.loop import Supervisor
 
     code = Supervisor(app, registry, settings, write_url, read_url, faults).run()
     sys.exit(code)

@@ -2,7 +2,7 @@
 "settled, by what the handler did" and "released", slotd/lifecycle/__init__.py): done,
 failure, timeout, crashed, continued, cancelled, lost, each one fenced write. Called by the
 slot (through `conclude`), by the supervisor for a dead slot (`handed_over`) and by the test
-modes (slotd/processor.py `process`); also the two results of a claim that never started."""
+modes (slotd/runner/processor.py `process`); also the two results of a claim that never started."""
 
 from __future__ import annotations
 

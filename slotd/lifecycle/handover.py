@@ -1,6 +1,6 @@
 """`handed_over`: the lease of a slot that died, settled by its supervisor on the chores
 thread by the slot's last words (the rule book's "handed over", slotd/lifecycle/__init__.py;
-the supervisor's side is slotd/orphans.py)."""
+the supervisor's side is slotd/supervisor/orphans.py)."""
 
 from __future__ import annotations
 

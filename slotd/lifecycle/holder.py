@@ -11,11 +11,11 @@ from typing import Any
 
 from slotd import db
 from slotd import outcome as kinds
-from slotd.ledger import Ledger
 from slotd.lifecycle.by_outcome import settle
 from slotd.lifecycle.settlement import Logger, Settlement, Writer, _done, _fields, log
 from slotd.outcome import Outcome, Result
 from slotd.repository import Claimed, Repository
+from slotd.slot.ledger import Ledger
 
 
 def claimed(ledger: Ledger, lease: Claimed) -> None:

@@ -9,7 +9,6 @@ from typing import Any
 
 import psycopg
 
-from slotd import upgrades
 from slotd.errors import MigrationLockTimeout, UnsafeMigration
 from slotd.repository.named import (
     DEFAULT_SCHEMA,
@@ -20,6 +19,7 @@ from slotd.repository.named import (
     rewrite,
     sql_dir,
 )
+from slotd.upgrade import guard as upgrades
 
 
 def migrations() -> list[tuple[int, str, str]]:

@@ -10,9 +10,9 @@ from contextlib import contextmanager
 from slotd.config import Settings
 from slotd.lifecycle import Settlement
 from slotd.outcome import Outcome
-from slotd.processor import process
 from slotd.registry import Registry
 from slotd.repository import Executor, Repository
+from slotd.runner.processor import process
 from slotd.task import Task
 from slotd.testing.hooks import _hooked
 from slotd.testing.inline import TaskFailed, _connection, _LockWatch, _rebased

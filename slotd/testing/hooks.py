@@ -11,7 +11,7 @@ from typing import Any
 from slotd.repository import Executor
 
 # The module, not the function of the same name that slotd/__init__ re-exports over it.
-_enqueue_module = importlib.import_module("slotd.enqueue")
+_enqueue_module = importlib.import_module("slotd.producer.enqueue")
 
 
 # enqueue hooks: eager mode and capture() both listen to slotd.enqueue, and may nest in

@@ -18,9 +18,9 @@ from slotd import repository
 from slotd.config import Settings
 from slotd.lifecycle import Settlement
 from slotd.outcome import Outcome, Result
-from slotd.processor import execute, process
 from slotd.registry import Registry
 from slotd.repository import Claimed, Executor, Repository
+from slotd.runner.processor import execute, process
 from slotd.task import Context, Task
 from slotd.testing.hooks import _hooked
 from slotd.testing.inline import _connection, _LockWatch, _rebased
@@ -246,7 +246,7 @@ class ManualQueue:
         if not self.registry.schedules:
             return None
         if self._schedules is None:
-            from slotd.scheduler import Evaluator
+            from slotd.supervisor.scheduler import Evaluator
 
             self._schedules = Evaluator(
                 self.registry.schedules, "pytest", self.settings.max_attempts

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import psycopg
 
-from slotd import localpg, repository
-from slotd.localpg import LocalPostgres
+from slotd import repository
+from slotd.dev import localpg
+from slotd.dev.localpg import LocalPostgres
 from slotd.repository import migrate
 
 

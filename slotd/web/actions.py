@@ -19,9 +19,10 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from slotd import control, repository
+from slotd import repository
 from slotd.config import parse_duration
 from slotd.errors import ConfigError
+from slotd.producer import control
 from slotd.registry import validate_type_name
 from slotd.repository import DashboardReads, Repository
 from slotd.web.security import audit, back_path, base_path, csrf_ok

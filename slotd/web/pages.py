@@ -7,7 +7,7 @@ import json
 from datetime import datetime, timedelta
 from typing import Any
 
-from slotd import history
+from slotd.ops import history
 from slotd.repository import DashboardReads
 from slotd.repository import history as record
 from slotd.web import charts

@@ -35,7 +35,7 @@ def outer(task: slotd.Task, ctx: slotd.Context, call_next: Callable[[], Any]) ->
         NOTES.append(f"outer<{value!r}")
         return value
     finally:
-        otel = "opentelemetry" in sys.modules or "slotd.tracing" in sys.modules
+        otel = "opentelemetry" in sys.modules or "slotd.integrations.otel" in sys.modules
         _record(task, "chain", note=json.dumps({"notes": NOTES, "otel": otel}))
 
 

@@ -434,7 +434,7 @@ class _SlowToInspect:
     def __class__(self) -> type:  # noqa: PLE0307 - isinstance() asks for it
         if not self.waited:
             self.waited = True
-            from slotd import runner
+            from slotd.runner import child as runner
 
             until = time.monotonic() + 20
             while runner._State.armed and time.monotonic() < until:

@@ -23,7 +23,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from slotd.localpg import scratch  # noqa: E402
+from slotd.dev.localpg import scratch  # noqa: E402
 from slotd.repository import NewTask, enqueue_many, migrate  # noqa: E402
 from tests.bench.cpu_per_task import (  # noqa: E402
     _postmaster,

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 import slotd  # noqa: E402
 from slotd import repository  # noqa: E402
-from slotd.localpg import LocalPostgres  # noqa: E402
+from slotd.dev.localpg import LocalPostgres  # noqa: E402
 from slotd.registry import Registry  # noqa: E402
 from slotd.repository import Repository, cancel_tasks, migrate  # noqa: E402
 from tests.daemon import EXECUTIONS, Daemon, wait_for  # noqa: E402

@@ -46,7 +46,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from slotd.localpg import LocalPostgres, scratch  # noqa: E402
+from slotd.dev.localpg import LocalPostgres, scratch  # noqa: E402
 from slotd.registry import Registry  # noqa: E402
 from slotd.repository import NewTask, Repository, enqueue_many, migrate  # noqa: E402
 from slotd.repository.named import qualified  # noqa: E402

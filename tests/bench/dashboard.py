@@ -30,7 +30,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from slotd.localpg import LocalPostgres  # noqa: E402
+from slotd.dev.localpg import LocalPostgres  # noqa: E402
 from slotd.repository import DashboardReads, Repository, migrate, statements  # noqa: E402
 from slotd.repository import history as record  # noqa: E402
 from slotd.web import listings, pages  # noqa: E402

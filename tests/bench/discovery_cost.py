@@ -29,7 +29,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from slotd.localpg import scratch  # noqa: E402
+from slotd.dev.localpg import scratch  # noqa: E402
 from slotd.repository import limit_params, migrate, statements  # noqa: E402
 
 PARAMS = {"types": ["mine.a", "mine.b"], "limit": 80, "lead_s": 100.0, **limit_params({})}

@@ -25,8 +25,8 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from slotd.localpg import LocalPostgres  # noqa: E402
-from slotd.metrics import db_gauge_source  # noqa: E402
+from slotd.dev.localpg import LocalPostgres  # noqa: E402
+from slotd.ops.metrics import db_gauge_source  # noqa: E402
 from slotd.repository import Repository, migrate, statements  # noqa: E402
 
 # Share of rows per kind; the remainder after these is due (claimable) work.

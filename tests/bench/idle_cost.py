@@ -24,7 +24,7 @@ parser.add_argument("--checkout", type=Path, default=Path(__file__).resolve().pa
 args = parser.parse_args()
 sys.path.insert(0, str(args.checkout))
 
-from slotd.localpg import LocalPostgres  # noqa: E402
+from slotd.dev.localpg import LocalPostgres  # noqa: E402
 from slotd.repository import migrate  # noqa: E402
 from tests.daemon import Daemon  # noqa: E402
 

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import slotd  # noqa: E402
-from slotd.localpg import LocalPostgres  # noqa: E402
+from slotd.dev.localpg import LocalPostgres  # noqa: E402
 from slotd.registry import Registry  # noqa: E402
 from slotd.repository import Repository, migrate  # noqa: E402
 from tests.daemon import Daemon, wait_for  # noqa: E402

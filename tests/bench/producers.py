@@ -16,7 +16,8 @@ from typing import Any
 import psycopg
 
 import slotd
-from slotd import localpg, repository
+from slotd import repository
+from slotd.dev import localpg
 
 
 def sa(url: str) -> str:

@@ -36,7 +36,7 @@ if "--checkout" in sys.argv:
 sys.path.insert(0, str(ROOT))
 
 import slotd  # noqa: E402
-from slotd.localpg import LocalPostgres  # noqa: E402
+from slotd.dev.localpg import LocalPostgres  # noqa: E402
 from slotd.registry import Registry  # noqa: E402
 from slotd.repository import Repository, migrate  # noqa: E402
 

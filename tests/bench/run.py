@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import slotd  # noqa: E402
-from slotd.localpg import LocalPostgres, find_bindir  # noqa: E402
+from slotd.dev.localpg import LocalPostgres, find_bindir  # noqa: E402
 from slotd.registry import load_registry  # noqa: E402
 from slotd.repository import NewTask, Repository, enqueue_many, migrate, statements  # noqa: E402
 from tests.daemon import Daemon  # noqa: E402

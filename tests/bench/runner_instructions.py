@@ -18,8 +18,8 @@ def main() -> None:
     root, n = sys.argv[1], int(sys.argv[2])
     sys.path.insert(0, root)
     import slotd
-    from slotd import runner
-    from slotd.processor import execute
+    from slotd.runner import child as runner
+    from slotd.runner.processor import execute
     from slotd.task import Context, Task
 
     registry = slotd.Registry()

@@ -18,7 +18,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import slotd  # noqa: E402
-from slotd import runner  # noqa: E402
+from slotd.runner import child as runner  # noqa: E402
 from slotd.task import Task  # noqa: E402
 
 registry = slotd.Registry()

@@ -35,9 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
 import slotd  # noqa: E402
-from slotd.localpg import LocalPostgres  # noqa: E402
+from slotd.dev.localpg import LocalPostgres  # noqa: E402
 from slotd.repository import Repository, migrate  # noqa: E402
-from slotd.scheduler import Evaluator  # noqa: E402
+from slotd.supervisor.scheduler import Evaluator  # noqa: E402
 from tests.daemon import Daemon  # noqa: E402
 
 COUNTS = "SELECT coalesce(sum(calls), 0)::float8 FROM pg_stat_statements WHERE dbid = %s"

@@ -18,7 +18,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from slotd.localpg import scratch  # noqa: E402
+from slotd.dev.localpg import scratch  # noqa: E402
 from slotd.repository import NewTask, enqueue_many, migrate  # noqa: E402
 from slotd.repository.named import _sql, qualified  # noqa: E402
 from slotd.repository.queue import limit_params  # noqa: E402

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import slotd  # noqa: E402
-from slotd.localpg import scratch  # noqa: E402
+from slotd.dev.localpg import scratch  # noqa: E402
 from slotd.repository import migrate  # noqa: E402
 from tests.daemon import EXECUTIONS, Daemon, wait_for  # noqa: E402
 

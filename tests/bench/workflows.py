@@ -39,7 +39,7 @@ parser.add_argument(
 args = parser.parse_args()
 sys.path.insert(0, str(args.checkout))
 
-from slotd.localpg import LocalPostgres  # noqa: E402
+from slotd.dev.localpg import LocalPostgres  # noqa: E402
 from slotd.repository import NewTask, enqueue_many, migrate  # noqa: E402
 from tests.daemon import Daemon, wait_for  # noqa: E402
 

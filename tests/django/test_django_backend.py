@@ -28,9 +28,9 @@ from slotd.outcome import (
     Outcome,  # noqa: E402
     Result,  # noqa: E402
 )
-from slotd.processor import process  # noqa: E402
 from slotd.registry import Registry  # noqa: E402
 from slotd.repository import Claimed, Repository  # noqa: E402
+from slotd.runner.processor import process  # noqa: E402
 
 READY, RUNNING = TaskResultStatus.READY, TaskResultStatus.RUNNING
 SUCCESSFUL, FAILED = TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED

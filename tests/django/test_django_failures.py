@@ -17,9 +17,9 @@ from django.test import override_settings  # noqa: E402
 from slotd.contrib.django import results  # noqa: E402
 from slotd.contrib.django.backend import DEFAULT_MAX_ATTEMPTS, SlotdBackend  # noqa: E402
 from slotd.outcome import Outcome  # noqa: E402
-from slotd.processor import process  # noqa: E402
 from slotd.registry import Registry  # noqa: E402
 from slotd.repository import Repository  # noqa: E402
+from slotd.runner.processor import process  # noqa: E402
 from slotd.testing import TaskFailed  # noqa: E402
 
 SUCCESSFUL, FAILED = TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED

@@ -43,8 +43,8 @@ import slotd
 from slotd import db, repository
 from slotd.config import default_schema, parse_duration, validate_schema
 from slotd.contrib.django import results
-from slotd.enqueue import hooks_held
 from slotd.errors import ConfigError, SchemaNotMigrated
+from slotd.producer.enqueue import hooks_held
 from slotd.registry import TYPE_NAME
 
 TYPE_PREFIX = "django."

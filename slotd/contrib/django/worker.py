@@ -180,7 +180,7 @@ def _call(django_task: Any, args: Any, kwargs: Any, db: str) -> Any:
     from django.db import connections
 
     if iscoroutinefunction(django_task.func) and not connections[db].in_atomic_block:
-        from slotd import aio
+        from slotd.runner import aio
 
         return aio.current().run(_acall(django_task, args, kwargs))
     return django_task.call(*args, **kwargs)

@@ -1,0 +1,140 @@
+"""One handler call: the handler run to its end (awaited on the runner's loop when it is an
+`async def`) and what it did classified as a Result. Never raises for the handler's sake.
+
+The daemon runs `execute` in the runner and settles in the slot (slotd.lifecycle); the test
+modes call `process`, which does both in one process. Both go through these same functions
+and the same lifecycle, so the two delivery paths cannot drift apart."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from slotd import lifecycle, middleware
+from slotd import outcome as kinds
+from slotd.errors import Cancelled, DeadlineExceeded
+from slotd.lifecycle import Settlement
+from slotd.outcome import Result, past
+from slotd.payload import encode_result
+from slotd.registry import Handler, Registry
+from slotd.repository import Claimed, Repository
+from slotd.runner import aio
+from slotd.task import Context
+
+log = logging.getLogger("slotd.processor")
+
+
+class ReturnedAwaitable(TypeError):
+    """A sync function handed back a coroutine: it never ran, so it cannot count as done."""
+
+
+def call(handler: Handler, ctx: Context) -> Any:
+    """The handler's return value, through the registry's middleware (slotd.middleware)."""
+    return middleware.run(handler, ctx, _call)
+
+
+def _call(handler: Handler, ctx: Context) -> Any:
+    """Awaited to its end on this thread's loop when it is an `async def`; a sync one
+    returning an awaitable is an error, never a success."""
+    if handler.is_async:
+        return aio.current().run(handler.fn(ctx.task, ctx))
+    returned = handler.fn(ctx.task, ctx)
+    if inspect.isawaitable(returned):
+        close = getattr(returned, "close", None)
+        if close is not None:
+            close()  # no "never awaited" warning on top of the error
+        raise ReturnedAwaitable("handler returned a coroutine: declare it async def")
+    return returned
+
+
+def execute(handler: Handler, ctx: Context, before: Callable[[], None] | None = None) -> Result:
+    """Call the handler and classify what it did. Never raises for the handler's sake.
+
+    Done: None, True or any other value. Continue: False (after advance_cursor)."""
+    started = time.monotonic()
+    try:
+        if before is not None:
+            before()  # fault injection for chaos runs
+        returned = call(handler, ctx)
+    except Cancelled as exc:
+        kind, error, caught = kinds.SHUTDOWN, _describe(exc), exc
+    except BaseException as exc:  # noqa: BLE001 - a handler's SystemExit is an error too
+        caught = exc
+        if isinstance(exc, KeyboardInterrupt) and ctx.shutting_down:
+            kind, error = kinds.SHUTDOWN, _describe(exc)
+        else:
+            kind, error = kinds.ERROR, _describe(exc)
+        if isinstance(exc, DeadlineExceeded):
+            took = time.monotonic() - started
+            return Result(kind, error, ctx.advanced, True, took, ctx.log_fields, exception=exc)
+    else:
+        caught = None
+        kind, error = (kinds.CONTINUE, None) if returned is False else (kinds.DONE, None)
+        if kind == kinds.DONE and (
+            handler.keep_result is not None or not (returned is None or returned is True)
+        ):
+            return _kept(handler, ctx, returned, started)
+    took = time.monotonic() - started
+    late = past(ctx.deadline)
+    # extra: the fields a middleware gave the attempt's log lines (trace_id, span_id).
+    return Result(kind, error, ctx.advanced, late, took, ctx.log_fields, exception=caught)
+
+
+def _kept(handler: Handler, ctx: Context, returned: Any, started: float) -> Result:
+    """A success with a value: as JSON (True and None are null). For a type that keeps
+    results a value that is not JSON is the handler's error, as a cursor that is not JSON
+    is; for any other type it is carried best-effort (a parent's value for its dependants,
+    whose enqueue may come while it runs) and dropped when it is not JSON."""
+    value = None if returned is True else returned
+    try:
+        text: str | None = encode_result(value, f"task {ctx.task.id}")
+    except TypeError as exc:
+        took = time.monotonic() - started
+        if handler.keep_result is None:
+            return Result(kinds.DONE, None, ctx.advanced, past(ctx.deadline), took, ctx.log_fields)
+        return Result(
+            kinds.ERROR, _describe(exc), ctx.advanced, past(ctx.deadline), took, ctx.log_fields
+        )
+    took = time.monotonic() - started
+    keep = None if handler.keep_result is None else handler.keep_result.total_seconds()
+    late = past(ctx.deadline)
+    return Result(
+        kinds.DONE, None, ctx.advanced, late, took, ctx.log_fields, value=text, keep_s=keep
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc)).strip()
+
+
+def process(
+    repo: Repository,
+    registry: Registry,
+    claimed: Claimed,
+    *,
+    is_cancelled: Callable[[], bool] = lambda: False,
+    before: Callable[[], None] | None = None,
+    logger: logging.Logger | logging.LoggerAdapter[Any] = log,
+) -> Settlement:
+    """The whole step in this process: what the test modes and the inline paths use."""
+    handler = registry.get(claimed.task_type)
+    deadline = claimed.deadline(repo.lease_margin)
+    if handler is None:
+        result = Result(kinds.ERROR, f"no handler registered for {claimed.task_type!r}")
+    elif past(deadline):
+        result = lifecycle.not_started(claimed)
+    else:
+        ctx = Context(
+            claimed.task(),
+            deadline,
+            lambda payload: lifecycle.advance(repo, claimed, payload),
+            is_cancelled,
+        )
+        result = execute(handler, ctx, before)
+    return lifecycle.settle(
+        repo, claimed, result, shutting_down=is_cancelled(), logger=logger, registry=registry
+    )

@@ -1,0 +1,252 @@
+"""A slot's ledger: the settlements it made, the lease it holds and its last words (the
+outcome of the attempt it is about to settle), in memory it shares with its supervisor.
+
+Why: the supervisor counts every settlement (metrics, the dashboard's outcomes) and must
+know each slot's lease (to settle it at once if the slot dies, to route a cancel). A message
+per task for that woke the supervisor once per task and cost both processes a pickle and a
+pipe write: a third of slotd's CPU per no-op task. Now the slot writes each settlement into
+a ring here, without a system call, and rings the supervisor's bell (a small message with
+the ring's count and the current lease) at most every RING_HOLD seconds while busy, when the
+ring is half full, and before it goes idle.
+
+Nothing is lost or counted twice when a slot is killed: the supervisor consumes records in
+order up to the count a bell named (everything before a bell's write(2) is visible to the
+reader of that bell, whatever the CPU's memory order), and after the slot is dead it reads
+the rest, and the lease, from the page itself. A record that does not fit (a task type
+longer than TYPE_MAX bytes, a ring the supervisor has not drained) goes as a message.
+
+Last words: the supervisor needs an attempt's outcome only when the slot dies between the
+handler's end and its settlement (then a success is dequeued, never run again; see
+slotd/supervisor/orphans.py), so the slot leaves it here before settling, without a message,
+and the supervisor reads it only once the slot is dead.
+
+Layout: written count (u64, the slot's), consumed count (u64, the supervisor's), the lease
+record, the last-words record (each a `_Record`: keyed by the lease token), then CAPACITY
+settlement records."""
+
+from __future__ import annotations
+
+import math
+import mmap
+import pickle
+import struct
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from slotd.outcome import Outcome, Result
+from slotd.payload import RESULT_MAX
+from slotd.repository import Claimed, storable
+
+CAPACITY = 1024
+# duration, delay (NaN: none), outcome, type length, the token of the lease it settled
+RECORD = struct.Struct("<ddBH16s")
+RECORD_SIZE = 128
+TYPE_MAX = RECORD_SIZE - RECORD.size
+LEASE_MAX = 16 * 1024
+# Room for a stored result (bounded by RESULT_MAX) beside a cut traceback: the supervisor
+# settles a dead slot's success by these words, value and all.
+WORDS_MAX = RESULT_MAX + 64 * 1024
+_COUNTS = struct.Struct("<QQ")
+LEASE_AT = _COUNTS.size
+WORDS_AT = LEASE_AT + LEASE_MAX
+_RING = WORDS_AT + WORDS_MAX
+SIZE = _RING + CAPACITY * RECORD_SIZE
+_NO_TOKEN = bytes(16)
+OUTCOMES = tuple(str(o) for o in Outcome)
+
+Settled = tuple[str, str, float | None, float | None]  # task type, outcome, duration, delay
+
+
+def _float(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+def _maybe(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+class _Record:
+    """A pickled value keyed by a lease token, at `at` on the page: token (16 bytes), length
+    (4), body. The token is cleared first and written last, so a writer killed mid-write
+    leaves no record rather than half of one, and a record about an earlier lease never
+    matches a later lease's token."""
+
+    def __init__(self, page: mmap.mmap, at: int, size: int) -> None:
+        self.page, self.at, self.size = page, at, size
+
+    def put(self, token: bytes, value: Any) -> bool:
+        """False (and no record) when the value does not fit."""
+        body = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        page, at = self.page, self.at
+        page[at : at + 16] = _NO_TOKEN
+        if len(body) > self.size - 20:
+            return False
+        page[at + 20 : at + 20 + len(body)] = body
+        page[at + 16 : at + 20] = len(body).to_bytes(4, "little")
+        page[at : at + 16] = token
+        return True
+
+    def clear(self) -> None:
+        self.page[self.at : self.at + 16] = _NO_TOKEN
+
+    def get(self, token: bytes | None = None) -> Any:
+        """The value under `token` (None: under whatever token is there), else None."""
+        page, at = self.page, self.at
+        if page.closed:
+            return None
+        held = page[at : at + 16]
+        if held == _NO_TOKEN or (token is not None and held != token):
+            return None
+        length = int.from_bytes(page[at + 16 : at + 20], "little")
+        try:
+            return pickle.loads(page[at + 20 : at + 20 + length])
+        except Exception:  # noqa: BLE001 - a torn record is no record
+            return None
+
+
+class Ledger:
+    """Made by the supervisor before it forks a slot; the fork shares the page."""
+
+    def __init__(self) -> None:
+        self.page = mmap.mmap(-1, SIZE)  # anonymous and MAP_SHARED: the fork shares it
+        self.count = 0  # the slot's own copy of the written count
+        self._lease = _Record(self.page, LEASE_AT, LEASE_MAX)
+        self._words = _Record(self.page, WORDS_AT, WORDS_MAX)
+
+    # the slot's side
+
+    def settled(
+        self,
+        settled: Settled,
+        token: uuid.UUID,
+        then: Claimed | None,
+        between: Callable[[], None] | None = None,
+    ) -> bool:
+        """A settlement of the lease under `token`, and the lease held after it (the claim
+        that rode on it, or none): one step. The record goes first and names the token it
+        settled, so a slot killed between the two writes leaves a lease that `lease()`
+        knows was settled: it is neither settled again (a second count) nor lost. False
+        when the record must go as a message instead."""
+        written = self.record(settled, token.bytes)
+        if between is not None:
+            between()  # a chaos run's kill point
+        self.hold(then)
+        return written
+
+    def record(self, settled: Settled, token: bytes = _NO_TOKEN) -> bool:
+        """Write one settlement; False when it must go as a message instead."""
+        task_type, outcome, duration, delay = settled
+        name = task_type.encode()
+        if len(name) > TYPE_MAX or outcome not in OUTCOMES:
+            return False
+        consumed = _COUNTS.unpack_from(self.page)[1]
+        if self.count - consumed >= CAPACITY:  # the supervisor is behind: never overwrite
+            return False
+        at = _RING + (self.count % CAPACITY) * RECORD_SIZE
+        code = OUTCOMES.index(outcome)
+        RECORD.pack_into(self.page, at, _float(duration), _float(delay), code, len(name), token)
+        self.page[at + RECORD.size : at + RECORD.size + len(name)] = name
+        self.count += 1
+        self.page[0:8] = self.count.to_bytes(8, "little")
+        return True
+
+    def hold(self, lease: Claimed | None) -> None:
+        """The lease the slot holds now (None: none): read by the supervisor if it dies. A
+        task type named in kilobytes does not fit: that lease is left to expire."""
+        if lease is None:
+            self._lease.clear()
+        else:
+            self._lease.put(lease.token.bytes, lean(lease))
+
+    def say(self, token: uuid.UUID, result: Result) -> None:
+        """Last words: the outcome of the attempt leased under `token`, before settling it."""
+        if not self._words.put(token.bytes, result.fields()):
+            # A huge traceback: its head and tail are enough.
+            cut = replace(result, error=storable(result.error or "", 4000))
+            self._words.put(token.bytes, cut.fields())
+
+    def unread(self) -> int:
+        return self.count - _COUNTS.unpack_from(self.page)[1]
+
+    # the supervisor's side
+
+    def consume(self, upto: int | None = None) -> list[Settled]:
+        """The records written since the last call, up to the count a bell named (None:
+        all there are, only once the slot is dead)."""
+        if self.page.closed:
+            return []
+        written, consumed = _COUNTS.unpack_from(self.page)
+        end = written if upto is None else min(upto, written)
+        out: list[Settled] = []
+        for n in range(max(consumed, end - CAPACITY), end):
+            at = _RING + (n % CAPACITY) * RECORD_SIZE
+            duration, delay, code, length, _ = RECORD.unpack_from(self.page, at)
+            name = self.page[at + RECORD.size : at + RECORD.size + length].decode()
+            out.append((name, OUTCOMES[code], _maybe(duration), _maybe(delay)))
+        if end > consumed:
+            self.page[8:16] = end.to_bytes(8, "little")
+        return out
+
+    def lease(self) -> Claimed | None:
+        """The lease the slot held when it died; None when its last record settled it (a
+        kill between the two writes of `settled`)."""
+        lease = unlean(self._lease.get())
+        if lease is None or self.page.closed:
+            return lease
+        written = _COUNTS.unpack_from(self.page)[0]
+        if written:
+            at = _RING + ((written - 1) % CAPACITY) * RECORD_SIZE
+            if RECORD.unpack_from(self.page, at)[4] == lease.token.bytes:
+                return None
+        return lease
+
+    def heard(self, token: uuid.UUID) -> Result | None:
+        """The slot's last words about this lease, after it died; None if it said none."""
+        fields = self._words.get(token.bytes)
+        try:
+            return None if fields is None else Result(*fields)
+        except TypeError:  # not a Result's fields: torn, so no words
+            return None
+
+    def close(self) -> None:
+        self.page.close()
+
+
+def lean(lease: Claimed) -> tuple[Any, ...]:
+    """What the supervisor needs of a lease, as plain values (cheap to pickle): not the
+    payload or the key, which only the runner reads."""
+    return (
+        lease.id,
+        lease.task_type,
+        lease.run_at.timestamp(),
+        lease.attempt,
+        lease.max_attempts,
+        lease.token.bytes,
+        lease.lease_expires_at.timestamp(),
+        lease.claimed_at.timestamp(),
+    )
+
+
+def unlean(fields: tuple[Any, ...] | None) -> Claimed | None:
+    if fields is None:
+        return None
+    task_id, task_type, run_at, attempt, most, token, expires, claimed_at = fields
+
+    def when(ts: float) -> datetime:
+        return datetime.fromtimestamp(ts, UTC)
+
+    return Claimed(
+        task_id,
+        task_type,
+        {},
+        None,
+        when(run_at),
+        attempt,
+        most,
+        uuid.UUID(bytes=token),
+        when(expires),
+        when(claimed_at),
+    )
