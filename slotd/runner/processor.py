@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from slotd import lifecycle, middleware
+from slotd import lifecycle
 from slotd import outcome as kinds
 from slotd.errors import Cancelled, DeadlineExceeded
 from slotd.lifecycle import Settlement
@@ -22,7 +22,7 @@ from slotd.outcome import Result, past
 from slotd.payload import encode_result
 from slotd.registry import Handler, Registry
 from slotd.repository import Claimed, Repository
-from slotd.runner import aio
+from slotd.runner import aio, chain
 from slotd.task import Context
 
 log = logging.getLogger("slotd.processor")
@@ -34,7 +34,7 @@ class ReturnedAwaitable(TypeError):
 
 def call(handler: Handler, ctx: Context) -> Any:
     """The handler's return value, through the registry's middleware (slotd.middleware)."""
-    return middleware.run(handler, ctx, _call)
+    return chain.run(handler, ctx, _call)
 
 
 def _call(handler: Handler, ctx: Context) -> Any:

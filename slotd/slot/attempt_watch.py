@@ -12,19 +12,21 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from multiprocessing.connection import Connection
+from typing import Any, Protocol
 
 import psycopg
 
 from slotd import db, lifecycle, logs, proc
+from slotd.config import Settings
 from slotd.outcome import CRASHED, KILLED, SHUTDOWN, Result
 from slotd.repository import Claimed, Repository
 from slotd.runner import child as runner
-from slotd.slot.runner_keeper import Runner
+from slotd.slot.bell import Bell
+from slotd.slot.connections import SlotConnections
+from slotd.slot.runner_keeper import Runner, RunnerKeeper
+from slotd.slot.spec import SlotSpec
 from slotd.slot.watchdog import Step, Watchdog
-
-if TYPE_CHECKING:
-    from slotd.slot.loop import Slot
 
 # A running attempt re-reads its own row for a cancel every this many poll intervals (30 s at
 # the default 5 s): one primary-key read per long task, and the bound on how long a cancel
@@ -71,12 +73,33 @@ class OperatorCancel:
             )
 
 
+class WatchedSlot(Protocol):
+    """What the watch uses of the slot it serves (slot.loop.Slot): its parts and two doors,
+    so the watch stands below the slot's loop instead of importing it."""
+
+    spec: SlotSpec
+    settings: Settings
+    sup: Connection
+    selfpipe: proc.SelfPipe
+    waiter: proc.Waiter
+    log: logs.FieldsAdapter
+    runners: RunnerKeeper
+    conns: SlotConnections
+    bell: Bell
+    stopping: bool
+    hurry: bool
+
+    def _report(self, *message: Any) -> None: ...
+
+    def _write(self, write: Any, claimed: Claimed) -> Any: ...
+
+
 class AttemptWatch:
     """The slot's watch over its attempts, one at a time (`run`), and what it hears meanwhile
     that outlives an attempt: a wake token for the slot's next wait, a CANCEL signal sent to
     the runner (which the next task's message tells it to forget), a closed supervisor pipe."""
 
-    def __init__(self, slot: Slot) -> None:
+    def __init__(self, slot: WatchedSlot) -> None:
         self.slot = slot
         recheck = slot.settings.poll_interval.total_seconds() * CANCEL_RECHECK_POLLS
         self.cancel = OperatorCancel(recheck, slot.log)

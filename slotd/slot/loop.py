@@ -19,46 +19,27 @@ import os
 import signal
 import time
 import traceback
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, NoReturn
 
 import psycopg
 
 from slotd import db, lifecycle, logs, proc
-from slotd.config import Settings
 from slotd.lifecycle import Settlement, not_started
 from slotd.outcome import CRASHED, Result, past
-from slotd.registry import Registry
 from slotd.repository import Claimed
 from slotd.slot.attempt_watch import AttemptWatch
 from slotd.slot.bell import Bell
 from slotd.slot.candidates import Candidates
 from slotd.slot.connections import SlotConnections
-from slotd.slot.ledger import Ledger
 from slotd.slot.runner_keeper import RunnerKeeper
+from slotd.slot.spec import SlotSpec
 
 log = logging.getLogger("slotd.slot")
 
 # A busy slot's settlement lines leave in batches at most this old (see logs.HoldingHandler);
 # a kill -9 loses at most this much of the log, never a settlement.
 LOG_HOLD = 0.25
-
-
-@dataclass
-class SlotSpec:
-    number: int
-    app: str
-    registry: Registry
-    settings: Settings
-    write_url: str
-    read_url: str | None
-    faults: Any = None  # slotd.faults.Injector, when chaos is enabled
-    # The pid of the process that forks the slot, recorded before the fork (1 in a container).
-    parent: int = field(default_factory=os.getpid)
-    # Where the slot writes its settlements, its lease and each attempt's outcome before
-    # settling it, for the supervisor (slotd.ledger).
-    ledger: Ledger = field(default_factory=Ledger)
 
 
 class Slot:

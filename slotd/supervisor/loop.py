@@ -30,7 +30,7 @@ from slotd.config import Settings
 from slotd.ops import health
 from slotd.registry import Registry
 from slotd.slot.ledger import Ledger
-from slotd.slot.loop import SlotSpec
+from slotd.slot.spec import SlotSpec
 from slotd.supervisor import sdnotify
 from slotd.supervisor.chore_results import ChoreResults
 from slotd.supervisor.chores import Chores

@@ -23,7 +23,8 @@ from slotd import proc
 from slotd.outcome import Result
 from slotd.repository import Claimed
 from slotd.slot.ledger import Ledger, Settled
-from slotd.slot.loop import SlotSpec, run_slot
+from slotd.slot.loop import run_slot
+from slotd.slot.spec import SlotSpec
 
 log = logging.getLogger("slotd.supervisor")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import urlencode
 
 from starlette.concurrency import run_in_threadpool
@@ -25,10 +25,27 @@ from slotd.errors import ConfigError
 from slotd.producer import control
 from slotd.registry import validate_type_name
 from slotd.repository import DashboardReads, Repository
+from slotd.web.database import Database
 from slotd.web.security import audit, back_path, base_path, csrf_ok
+from slotd.web.settings import DashboardSettings
 
-if TYPE_CHECKING:
-    from slotd.web.app import Dashboard
+
+class Dashboard(Protocol):
+    """What an action uses of the dashboard (web.app.Dashboard, which mounts these routes):
+    its connections, its settings and its pages. A shape, so the actions stand below the app
+    that mounts them instead of importing it."""
+
+    database: Database
+    settings: DashboardSettings
+
+    def read(self, fn: Callable[[DashboardReads], Any]) -> Any: ...
+
+    def write(self, fn: Callable[[Repository], Any]) -> Any: ...
+
+    def render(
+        self, request: Request, name: str, status: int = 200, **context: Any
+    ) -> Response: ...
+
 
 RETRY_BATCH = 1000
 PURGE_BATCH = 5000
