@@ -1,6 +1,6 @@
-"""The README's fan-out / fan-in example as its users run it: the README shows the file as
-it is, `slotd run` drains it, and the script started as the README says prints the
-published album; the batch's report counts every resize and the publish."""
+"""The docs' fan-out / fan-in example (docs/how-to/fan-out.md) as its users run it: the page
+shows the file as it is, `slotd run` drains it, and the script started as the page says
+prints the published album; the batch's report counts every resize and the publish."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from tests.daemon import ROOT, Daemon, wait_for
 APP = "examples.fan_out.workflow:registry"
 
 
-def test_the_readme_shows_the_example_file_as_it_is() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_show_the_example_file_as_it_is() -> None:
+    readme = (ROOT / "docs/how-to/fan-out.md").read_text()
     example = (ROOT / "examples/fan_out/workflow.py").read_text()
     assert f"```python\n{example}```" in readme
     commands = re.findall(r"^(slotd run --app \S+|python -m \S+ 7)", readme, re.M)

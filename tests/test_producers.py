@@ -213,7 +213,7 @@ def test_sqlalchemy_async_session_and_connection(db_url: str) -> None:
     assert [(r[0], r[2]["via"]) for r in rows(db_url)] == [(ids[0], "session"), (ids[1], "conn")]
 
 
-def test_the_readmes_asyncio_and_sqlalchemy_snippet_runs_as_written(db_url: str) -> None:
+def test_the_docs_asyncio_and_sqlalchemy_snippet_runs_as_written(db_url: str) -> None:
     pytest.importorskip("sqlalchemy", minversion="2.0")
     pytest.importorskip("greenlet")
     import re
@@ -225,7 +225,7 @@ def test_the_readmes_asyncio_and_sqlalchemy_snippet_runs_as_written(db_url: str)
 
     from examples.fastapi_app.models import Base, Signup
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs/how-to/enqueue.md").read_text()
     [block] = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "aconn" in b]
     source = "async def snippet():\n" + textwrap.indent(block, "    ")
     engine = create_engine(sa_url(db_url))
@@ -243,7 +243,7 @@ def test_the_readmes_asyncio_and_sqlalchemy_snippet_runs_as_written(db_url: str)
         try:
             async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as aconn:
                 namespace["aconn"] = aconn
-                exec(source, namespace)  # noqa: S102 - the README's own code
+                exec(source, namespace)  # noqa: S102 - the docs page's own code
                 await namespace["snippet"]()
         finally:
             await aengine.dispose()

@@ -373,14 +373,14 @@ def test_the_pytest_plugin_runs_in_SLOTD_SCHEMA(
 # moving a live queue
 
 
-def readme_move_sql() -> str:
-    text = (ROOT / "README.md").read_text()
+def docs_move_sql() -> str:
+    text = (ROOT / "docs/how-to/several-queues.md").read_text()
     start = text.index("   BEGIN;\n   CREATE SCHEMA IF NOT EXISTS jobs;")
     end = text.index("COMMIT;", start) + len("COMMIT;")
     return "\n".join(line[3:] for line in text[start:end].splitlines())
 
 
-def test_the_readmes_move_to_a_schema_keeps_every_task(empty_db: str) -> None:
+def test_the_docs_move_to_a_schema_keeps_every_task(empty_db: str) -> None:
     with psycopg.connect(empty_db, autocommit=True) as conn:
         repository.migrate(conn, schema="public")
         kept = slotd.enqueue_many(conn, [("t.move", {"n": n}) for n in range(3)])
@@ -389,7 +389,7 @@ def test_the_readmes_move_to_a_schema_keeps_every_task(empty_db: str) -> None:
             " WHERE id = %s",
             (kept[0],),
         )
-        conn.execute(readme_move_sql())  # type: ignore[arg-type]
+        conn.execute(docs_move_sql())  # type: ignore[arg-type]
         assert slotd_in(conn, "public") == []
         assert named.objects() <= set(slotd_in(conn, "jobs"))
         assert repository.unapplied_migrations(conn, schema="jobs") == []
