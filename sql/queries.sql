@@ -34,10 +34,22 @@
 (t.attempt_count >= t.max_attempts
  AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= now()))
 
+-- predicate: ended
+-- A dead letter whose end has been written: no lease left on it. A final attempt whose lease
+-- lapsed is dead by {dead} from that instant but not ended until the lapse statement (or
+-- an operator's action, which runs it first) writes its end: its batch count, its
+-- dependants' cancel. Operator actions on dead letters act on ended ones only.
+(t.lease_token IS NULL)
+
 -- predicate: live
 -- A cancelled task still under its lease is being stopped, not live work: a fresh enqueue
 -- of its key makes a new task rather than returning the one about to become a dead letter.
-(t.attempt_count < t.max_attempts OR ({lease_live} AND t.cancelled_at IS NULL))
+-- Nor is a task past its expires_at that no lease holds: it will never start ({claimable}
+-- refuses it), whether or not the expiry sweep has ended it yet, so an enqueue of its key
+-- must not fold into it (it ends it instead: `expire_key`), a cancel leaves it to its expiry
+-- and no dependant waits on it.
+((t.attempt_count < t.max_attempts AND ({unexpired} OR {lease_live}))
+ OR ({lease_live} AND t.cancelled_at IS NULL))
 
 -- fragment: task_key
 -- A task's key as its handler and operators see it: a unique="pending" row keeps it in
@@ -306,7 +318,7 @@ WITH input AS (
     CROSS JOIN LATERAL (
         SELECT t.id FROM slotd_tasks t
         WHERE t.task_type = i.task_type AND t.key = i.key AND t.lease_token IS NULL
-          AND t.attempt_count < t.max_attempts
+          AND t.attempt_count < t.max_attempts AND {unexpired}
         ORDER BY t.id LIMIT 1
         FOR SHARE OF t
     ) found
@@ -354,7 +366,7 @@ ORDER BY t.id LIMIT 1
 -- unique="live" row (it dedupes; see live_by_key) or by nothing any more (insert again).
 SELECT t.id FROM slotd_tasks t
 WHERE t.task_type = %(task_type)s AND t.key = %(key)s AND t.lease_token IS NULL
-  AND t.attempt_count < t.max_attempts
+  AND t.attempt_count < t.max_attempts AND {unexpired}
 ORDER BY t.id LIMIT 1
 FOR SHARE OF t
 
@@ -680,13 +692,16 @@ WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid AND t.cancelled_at IS NU
 -- name: continue_slice
 -- The end of a slice that advanced and returned False: the lease goes and the row is due at
 -- once, from its cursor, waking a slot (here or on another replica) in the same transaction.
+-- Refused for a cancelled task (cancelled_at): its cancel came after the advance, and
+-- clearing its lease here would end it uncounted (its batch never called back); its slot
+-- settles it as the cancel's end instead (settle_cancelled, slotd/lifecycle/).
 WITH continued AS (
     UPDATE slotd_tasks t
     SET run_at = now(),
         order_at = now() - {head_start},
         lease_token = NULL,
         lease_expires_at = NULL
-    WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
+    WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid AND t.cancelled_at IS NULL
     RETURNING t.id, t.attempt_count < t.max_attempts AS retryable
 )
 SELECT c.id FROM continued c
@@ -850,15 +865,20 @@ LIMIT %(limit)s
 -- lease is live too), and of several dead letters sharing a key only the newest: reviving
 -- two would duplicate the work and break the dedupe index. The ones left out are left out
 -- of the batch too, so a batch is never spent on rows it cannot revive.
+-- A unique="pending" dead letter that ran keeps its key in started_key (sql/016): its key
+-- is that one, checked and given back (it is pending again). Only ended dead letters
+-- ({ended}): a final attempt whose lease lapsed unsettled is ended first, by the lapse
+-- statement the caller runs before this one (slotd/repository/control.py).
 WITH candidates AS MATERIALIZED (
-    SELECT d.id, d.task_type, d.key FROM slotd_tasks d
+    SELECT d.id, d.task_type, coalesce(d.key, d.started_key) AS key FROM slotd_tasks d
     WHERE d.id IN (
         SELECT t.id FROM slotd_tasks t
-        WHERE {dead} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
+        WHERE {dead} AND {ended} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
           AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[])))
-      AND (d.key IS NULL OR NOT EXISTS (
+      AND (coalesce(d.key, d.started_key) IS NULL OR NOT EXISTS (
           SELECT 1 FROM slotd_tasks t
-          WHERE t.task_type = d.task_type AND t.key = d.key AND t.id <> d.id AND {live}))
+          WHERE t.task_type = d.task_type AND t.key = coalesce(d.key, d.started_key)
+            AND t.id <> d.id AND {live}))
     ORDER BY d.id LIMIT %(batch)s FOR UPDATE OF d SKIP LOCKED
 ), chosen AS (
     SELECT DISTINCT ON (c.task_type, c.key, CASE WHEN c.key IS NULL THEN c.id END) c.id
@@ -866,7 +886,12 @@ WITH candidates AS MATERIALIZED (
     ORDER BY c.task_type, c.key, CASE WHEN c.key IS NULL THEN c.id END, c.id DESC
 )
 UPDATE slotd_tasks t
-SET attempt_count = 0, run_at = now(), order_at = now() - {head_start},
+SET attempt_count = 0, run_at = now(),
+    -- A dependant cancelled while it waited has run_at = order_at = 'infinity' (sql/019):
+    -- no head start to keep, and infinity - infinity is an error.
+    order_at = now() - CASE WHEN isfinite(t.run_at) THEN {head_start} ELSE interval '0' END,
+    key = coalesce(t.key, t.started_key),
+    started_key = CASE WHEN t.unique_pending THEN NULL ELSE t.started_key END,
     lease_token = NULL, lease_expires_at = NULL, cancelled_at = NULL,
     -- A dead letter its batch counted (a settlement wrote its reason) runs on its own now:
     -- counting it again would end the batch twice. One that no settlement made dead (its
@@ -882,10 +907,11 @@ WHERE t.id = chosen.id
 RETURNING t.id
 
 -- name: dead_purge
+-- Ended dead letters only ({ended}): see dead_retry.
 DELETE FROM slotd_tasks t
 WHERE t.id IN (
     SELECT t.id FROM slotd_tasks t
-    WHERE {dead} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
+    WHERE {dead} AND {ended} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
       AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
       AND (%(older_than_s)s::float8 IS NULL
            OR {retired_at} < now() - make_interval(secs => %(older_than_s)s))
@@ -1155,13 +1181,19 @@ WITH target AS (
         dead_reason = 'cancelled',
         dead_attempts = t.attempt_count,
         cancelled_at = now(),
+        -- A lease that is not live is no lease: its holder froze or died, and this cancel
+        -- is the task's end (counted below). Left in place, the lapse sweep would read a
+        -- final attempt's lapsed lease and end the task a second time.
+        lease_token = CASE WHEN {lease_live} THEN t.lease_token END,
+        lease_expires_at = CASE WHEN {lease_live} THEN t.lease_expires_at END,
         last_error = format('cancelled by %%s at %%s %%s', %(by)s::text,
             to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
             CASE WHEN {lease_live} THEN format('while attempt %%s was running', t.attempt_count)
                  ELSE format('after %%s attempt(s)', t.attempt_count) END)
     FROM target
     WHERE t.id = target.id
-    RETURNING t.id, t.task_type, t.lease_token, {lease_live} AS running, t.batch_id
+    RETURNING t.id, t.task_type, t.lease_token, t.lease_token IS NOT NULL AS running,
+              t.batch_id
 ), ended AS (
     -- A batch's task that was not running has ended here; a running one ends when its
     -- slot settles it (settle_cancelled, or a success if its handler finished anyway).
@@ -1218,7 +1250,24 @@ WITH RECURSIVE due AS (
     ORDER BY t.expires_at
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
-), expired AS (
+), {expired_ended}
+
+-- name: expire_key
+-- An enqueue whose key is held by a task past its expires_at that the sweep has not reached
+-- (with no replica running, none ever will): that task is ended here, as the sweep would
+-- (expired_ended), in the enqueue's own transaction, and the enqueue inserts its own row.
+-- Waits for a row another transaction holds (no SKIP LOCKED): the enqueue needs the key.
+WITH RECURSIVE due AS (
+    SELECT t.id FROM slotd_tasks t
+    WHERE t.task_type = %(task_type)s AND t.key = %(key)s
+      AND t.expires_at <= now() AND t.attempt_count < t.max_attempts
+      AND NOT {lease_live}
+    FOR UPDATE
+), {expired_ended}
+
+-- fragment: expired_ended
+-- The end of each task in `due(id)` by its expiry: see `expire`.
+expired AS (
     UPDATE slotd_tasks t
     SET dead_reason = 'expired',
         dead_attempts = t.attempt_count,

@@ -222,9 +222,20 @@ def _continued(
         logger.warning("slice continued at its deadline", extra=_fields(claimed, result))
     outcome = Outcome.TIMEOUT if result.past_deadline else Outcome.CONTINUED
     if result.advanced:
-        if not repo.continue_slice(claimed.id, claimed.token):
+        if repo.continue_slice(claimed.id, claimed.token):
+            return _done(outcome, claimed, result, logger)
+        # Refused: the lease is gone, or an operator cancelled the task after its advance
+        # and this slot never heard of it. The cancel's end, then, as if it had.
+        if not repo.settle_cancelled(claimed.id, claimed.token):
             raise LeaseLost(f"task {claimed.id}: continue refused, the lease is not ours")
-        return _done(outcome, claimed, result, logger)
+        logger.info(
+            "task %s#%s attempt %s: cancelled after its advance; not continued",
+            claimed.task_type,
+            claimed.id,
+            claimed.attempt,
+            extra={**_fields(claimed, result), "outcome": str(Outcome.CANCELLED)},
+        )
+        return Settlement(Outcome.CANCELLED, True, result.duration)
     failure = _fail(repo, claimed, NOT_ADVANCED, backoff)
     logger.warning(
         "slice advanced nothing; backed off like a failure%s",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from slotd.repository.causes import PARENT_FAILED
 from slotd.repository.lanes import Lanes
 from slotd.repository.named import Executor, _dicts, _sql
 from slotd.repository.queue import Limits, limit_params
@@ -76,9 +77,20 @@ class OperatorControl(Lanes):
         }
         return int(self.read.execute(_sql("dead_count", self.schema), params).fetchone()[0])  # type: ignore[index]
 
+    def end_lapsed(self) -> None:
+        """A lease that is not live is no lease, for every operator action: final attempts
+        whose lease lapsed with nobody left to settle them are ended first (the lapse sweep's
+        statement), so a retry or purge acts on a dead letter whose end, batch count and
+        dependants' cancel are written, never on one still waiting for them."""
+        while True:
+            _, rows = self._write("lapsed", {"batch": 1000, "cause": PARENT_FAILED})
+            if sum(int(n) for _, _, n in rows) < 1000:
+                return
+
     def dead_retry_batch(
         self, task_type: str | None = None, ids: Sequence[int] | None = None, batch: int = 1000
     ) -> list[int]:
+        self.end_lapsed()
         params = {"task_type": task_type, "ids": list(ids) if ids else None, "batch": batch}
         _, rows = self._write("dead_retry", params)
         return [row[0] for row in rows]
@@ -96,6 +108,7 @@ class OperatorControl(Lanes):
             "older_than_s": older_than.total_seconds() if older_than else None,
             "batch": batch,
         }
+        self.end_lapsed()
         count, _ = self._write("dead_purge", params)
         return count
 

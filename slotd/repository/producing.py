@@ -10,6 +10,7 @@ from typing import Any
 
 from slotd.payload import encode
 from slotd.registry import validate_type_name
+from slotd.repository.causes import PARENT_EXPIRED
 from slotd.repository.named import AsyncExecutor, Executor, _sql, resolve_schema
 
 
@@ -180,6 +181,9 @@ def enqueue_many(
                     task_id = row[0]
                     break
             else:
+                # Nothing live holds the key: an expired task no sweep has ended may (it
+                # stays in the dedupe index until its end). End it, then insert ours.
+                target.execute(_sql("expire_key", schema), _expire_key(by_key))
                 task_id = _enqueue_one(target, params, index, schema)
         ids.append(_found(task_id, task_type, key))
     return ids
@@ -236,6 +240,7 @@ async def enqueue_many_async(
                     task_id = row[0]
                     break
             else:
+                await target.execute(_sql("expire_key", schema), _expire_key(by_key))
                 again = await target.execute(_sql("enqueue", schema), _one(params, index))
                 task_id = (await again.fetchall())[0][1]
         ids.append(_found(task_id, task_type, key))
@@ -245,6 +250,11 @@ async def enqueue_many_async(
 # A keyed row that keeps finishing between our two statements, this many times in a row,
 # is not a race any more but a bug worth an error.
 _KEY_TRIES = 5
+
+
+def _expire_key(by_key: dict[str, Any]) -> dict[str, Any]:
+    """`expire_key`'s parameters: the key, and how a dependant of the expired task is told."""
+    return {**by_key, "cause": PARENT_EXPIRED}
 
 
 def _one(params: dict[str, Any], index: int) -> dict[str, Any]:

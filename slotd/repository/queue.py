@@ -12,6 +12,7 @@ from typing import Any
 from slotd.errors import LeaseLost
 from slotd.payload import encode
 from slotd.registry import Rate, Registry
+from slotd.repository.causes import PARENT_EXPIRED, PARENT_FAILED
 from slotd.repository.lanes import Lanes
 from slotd.repository.named import _sql
 from slotd.repository.producing import PRIORITY_SPAN
@@ -19,8 +20,6 @@ from slotd.task import Task
 
 # The reason a dependant's cancel gives when a parent's attempts ran out (format(): %s is
 # the parent's id, or the ancestor's whose end doomed it).
-PARENT_FAILED = "cancelled: task %s, which it waits on, failed"
-PARENT_EXPIRED = "cancelled: task %s, which it waits on, expired"
 
 
 @dataclass(frozen=True)

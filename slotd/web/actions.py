@@ -225,13 +225,12 @@ async def _dead_letters(app: Dashboard, request: Request, who: str, form: FormDa
 
 
 def _retry(repo: Repository, **selector: Any) -> tuple[int, int]:
+    """Until a batch revives nothing: a batch may revive fewer than it asked for and still
+    leave work (of two dead letters of a key only one; a row another transaction holds)."""
     done = 0
-    while True:
-        batch = repo.dead_retry_batch(batch=RETRY_BATCH, **selector)
+    while batch := repo.dead_retry_batch(batch=RETRY_BATCH, **selector):
         done += len(batch)
-        if len(batch) < RETRY_BATCH:
-            break
-    return done, repo.dead_count(**selector) if selector.get("ids") else 0
+    return done, repo.dead_count(**selector)
 
 
 def _purge(repo: Repository, **selector: Any) -> int:
