@@ -34,6 +34,36 @@
 (t.attempt_count >= t.max_attempts
  AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= now()))
 
+-- fragment: task_state
+-- A task's state (docs/ARCHITECTURE.md, "A task's states"; slotd/repository/states.py), from
+-- its row: the one expression every reader of states uses (slotd.result, slotd status,
+-- slotd.tasks(state=), the dashboard, Django's results). Derived, not stored, for this
+-- release line: replicas of the previous release write these columns and no state (see the
+-- ARCHITECTURE section for the two-step upgrade that stores it). In order:
+--   failed / cancelled / expired  a dead letter nobody holds (by its dead_reason; a
+--                                 dependant stopped by its parent's end is cancelled);
+--   running                       under a live lease (a cancelled attempt too, until it
+--                                 settles);
+--   expired                       past its expires_at: it will never start, swept or not;
+--   waiting                       on its parents (run_at = 'infinity', sql/019);
+--   retrying                      an attempt ran and failed, the next is due later;
+--   scheduled                     not due yet, no attempt ran;
+--   pending                       due, waiting for a slot.
+-- succeeded has no row here: it is read from slotd_results (result_of).
+(CASE WHEN t.attempt_count >= t.max_attempts AND NOT {lease_live}
+      THEN CASE coalesce(t.dead_reason,
+                         CASE WHEN t.cancelled_at IS NOT NULL THEN 'cancelled' END)
+                WHEN 'expired' THEN 'expired'
+                WHEN 'cancelled' THEN 'cancelled'
+                WHEN 'parent_failed' THEN 'cancelled'
+                ELSE 'failed' END
+      WHEN {lease_live} THEN 'running'
+      WHEN NOT {unexpired} THEN 'expired'
+      WHEN NOT isfinite(t.run_at) THEN 'waiting'
+      WHEN t.run_at > now() AND t.attempt_count > 0 THEN 'retrying'
+      WHEN t.run_at > now() THEN 'scheduled'
+      ELSE 'pending' END)
+
 -- predicate: ended
 -- A dead letter whose end has been written: no lease left on it. A final attempt whose lease
 -- lapsed is dead by {dead} from that instant but not ended until the lapse statement (or
@@ -1565,22 +1595,29 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, true),
 SELECT to_jsonb(s) FROM slotd_schedules s ORDER BY 1 LIMIT %(limit)s
 
 -- name: result_of
--- A task's state for slotd.result: its queue row while it has one (running under a live
--- lease, pending below its attempts, else the dead letter: cancelled or failed, with the
--- reason or last error), else its stored result until keep_result runs out.
-SELECT CASE WHEN {lease_live} THEN 'running'
-            WHEN t.attempt_count < t.max_attempts THEN 'pending'
-            -- a dependant stopped by its parent's failure was cancelled, not failed
-            WHEN {dead_reason} IN ('cancelled', 'parent_failed') THEN 'cancelled'
-            WHEN {dead_reason} = 'expired' THEN 'expired'
-            ELSE 'failed' END AS state,
+-- A task's state for slotd.result ({task_state}): its queue row while it has one, with the
+-- last error of a failed or retrying one and the reason of a cancelled or expired one, else
+-- its stored result until keep_result runs out.
+SELECT {task_state} AS state,
        NULL::jsonb AS value,
-       CASE WHEN {dead} THEN t.last_error END AS error
+       CASE WHEN {dead} OR t.run_at > now() THEN t.last_error
+            WHEN NOT {unexpired} AND NOT {lease_live}
+            THEN format('expired at %%s before it started',
+                        to_char(t.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'))
+       END AS error
 FROM slotd_tasks t WHERE t.id = %(id)s
 UNION ALL
 SELECT 'succeeded', r.value, NULL
 FROM slotd_results r WHERE r.task_id = %(id)s AND r.expires_at > now()
 LIMIT 1
+
+-- name: state_counts
+-- `slotd status`: each type's rows by state ({task_state}), every row in exactly one state,
+-- so the columns add up. A read of every row: an operator's command, never a scrape (the
+-- gauges keep their own partial-index reads and their meaning).
+SELECT t.task_type, {task_state} AS state, count(*)::bigint AS n
+FROM slotd_tasks t
+GROUP BY 1, 2
 
 -- name: results_prune
 -- The retention chore: results past their keep_result, a batch per transaction.

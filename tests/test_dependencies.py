@@ -48,7 +48,7 @@ def test_a_waiting_dependant_is_not_due_and_discovery_never_reads_it(
 ) -> None:
     a = slotd.enqueue(qconn, "fl.parent", {})
     c = slotd.enqueue(qconn, "fl.child", {}, after=[a])
-    assert slotd.result(qconn, c) == slotd.TaskResult("pending")
+    assert slotd.result(qconn, c) == slotd.TaskResult("waiting")  # on its parent (#37)
     assert Repository(qconn).discover(["fl.child", "fl.parent"], limit=10) == [a]
 
 
@@ -123,7 +123,7 @@ def test_a_release_that_dead_letters_a_parent_cancels_its_dependants(
         assert claimed is not None and claimed.id == a
         assert repo.release(a, claimed.token, "released twice", refund_final=True) is dead
         state = slotd.result(qconn, c)
-        assert state is not None and state.state == ("cancelled" if dead else "pending")
+        assert state is not None and state.state == ("cancelled" if dead else "waiting")
     got = slotd.result(qconn, g)
     assert got is not None and got.state == "cancelled"
     assert got.error == f"cancelled: task {a}, which it waits on, failed"

@@ -158,8 +158,9 @@ def test_status_table_and_json(cli: Any, conn: psycopg.Connection[Any]) -> None:
     result = cli("status", "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["pending"] == {"audit": 2}
+    assert report["pending"] == {"audit": 2}  # the gauge's: running tasks too
     assert report["running"] == {"audit": 1}
+    assert report["states"] == {"audit": {"pending": 1, "running": 1}, "reindex": {"failed": 1}}
     assert report["dead"] == {"reindex": 1}
     assert 90 <= report["oldest_due_seconds"] < 150
     assert set(report["oldest_due_by_type"]) == {"audit"}
@@ -169,9 +170,11 @@ def test_status_table_and_json(cli: Any, conn: psycopg.Connection[Any]) -> None:
     text = cli("status")
     assert text.exit_code == 0
     lines = text.stdout.splitlines()
-    assert lines[0].split() == ["TYPE", "PENDING", "RUNNING", "DEAD", "OLDEST", "DUE"]
-    assert lines[1].split()[:4] == ["audit", "2", "1", "0"]
-    assert lines[2].split() == ["reindex", "0", "0", "1", "-"]
+    heads = ["TYPE", "SCHEDULED", "PENDING", "RUNNING", "RETRYING", "WAITING", "DEAD"]
+    assert lines[0].split() == [*heads, "OLDEST", "DUE"]
+    # Each task in one column: the running one is not pending as well (#37).
+    assert lines[1].split()[:7] == ["audit", "0", "1", "1", "0", "0", "0"]
+    assert lines[2].split() == ["reindex", "0", "0", "0", "0", "0", "1", "-"]
     assert "replicas: 2 live, 6 slots" in text.stdout
     assert "web-2" in text.stdout
 

@@ -26,6 +26,7 @@ from slotd.producer.enqueue import enqueue as enqueue_task
 from slotd.registry import validate_type_name
 from slotd.repository import Repository, UnknownParents, paused_types
 from slotd.repository.batches import batches_in_flight
+from slotd.repository.states import DEAD, State, state_counts
 from slotd.supervisor.horizon import Holder, status_line
 
 
@@ -102,6 +103,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         replicas = repo.replicas()
         limits = declared_limits(replicas)
         gauges = repo.gauges(limits)
+        states = state_counts(repo.read, schema=repo.schema)
         by_type = repo.oldest_due_by_type()
         paused = paused_types(repo.read, schema=repo.schema)
         recent = recent_outcomes(repo.read, schema=repo.schema)
@@ -109,11 +111,16 @@ def status(ctx: click.Context, as_json: bool) -> None:
         batches = batches_in_flight(repo.read, limit=BATCHES_SHOWN, schema=repo.schema)
         holder = Holder.from_row(repo.horizon_holder())
     warn_after = ctx.obj.horizon_warn
-    types = sorted(set(gauges["pending"]) | set(gauges["running"]) | set(gauges["dead"]))
+    types = sorted(
+        set(gauges["pending"]) | set(gauges["running"]) | set(gauges["dead"]) | set(states)
+    )
     if as_json:
         report = {
             "schema": schema,
+            # pending / running / dead: the gauges' (pending counts running tasks too);
+            # states: each task in exactly one state (slotd/repository/states.py).
             **gauges,
+            "states": states,
             "paused": {p.pop("task_type"): p for p in paused},
             "limits": {
                 t: {"max_running": most, "max_running_per_group": per_group}
@@ -142,17 +149,25 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if schema != "public":
         click.echo(f"schema: {schema}")
     if types:
-        rows = [
-            (
-                t,
-                gauges["pending"].get(t, 0),
-                _running(gauges["running"].get(t, 0), limits.get(t)),
-                gauges["dead"].get(t, 0),
-                _ago(by_type.get(t)),
+        # One column per live state and one for the dead letters: each task is counted in
+        # exactly one, so a row adds up to the type's tasks (a running task is not pending).
+        rows = []
+        for t in types:
+            n = states.get(t, {})
+            rows.append(
+                (
+                    t,
+                    n.get(State.SCHEDULED, 0),
+                    n.get(State.PENDING, 0),
+                    _running(n.get(State.RUNNING, 0), limits.get(t)),
+                    n.get(State.RETRYING, 0),
+                    n.get(State.WAITING, 0),
+                    sum(n.get(s, 0) for s in DEAD),
+                    _ago(by_type.get(t)),
+                )
             )
-            for t in types
-        ]
-        click.echo(_table(("TYPE", "PENDING", "RUNNING", "DEAD", "OLDEST DUE"), rows))
+        heads = ("TYPE", "SCHEDULED", "PENDING", "RUNNING", "RETRYING", "WAITING", "DEAD")
+        click.echo(_table((*heads, "OLDEST DUE"), rows))
     else:
         click.echo("no tasks")
     click.echo(f"oldest due: {_ago(gauges['oldest_due_seconds']) or '0s'}")

@@ -26,9 +26,9 @@ import psycopg
 from slotd.producer.targets import async_target, sync_target
 from slotd.repository import results as store
 from slotd.repository.named import channel, resolve_schema
+from slotd.repository.states import STATES, TERMINAL
 
-STATES = ("pending", "running", "succeeded", "failed", "cancelled", "expired")
-TERMINAL = frozenset(("succeeded", "failed", "cancelled", "expired"))
+__all__ = ["STATES", "TERMINAL", "TaskResult", "result", "wait_result"]
 
 
 @dataclass(frozen=True)

@@ -74,3 +74,25 @@ def fail_once(task: slotd.Task, ctx: slotd.Context) -> Any:
     if row is not None and row[0] == 1:
         raise RuntimeError("lc.fail_once fails the first time")
     return {"ran": int(row[0]) if row else 0}
+
+
+@registry.handler(
+    "lc.retry_later",
+    ceiling=timedelta(seconds=30),
+    max_attempts=3,
+    backoff_base=timedelta(hours=1),
+)
+def retry_later(task: slotd.Task, ctx: slotd.Context) -> Any:
+    """Fails, its next attempt an hour away: the task is `retrying` meanwhile."""
+    _record(task, "start")
+    raise RuntimeError(f"attempt {task.attempt} fails")
+
+
+@registry.handler("lc.gated", ceiling=timedelta(seconds=60), keep_result=KEEP)
+def gated(task: slotd.Task, ctx: slotd.Context) -> Any:
+    """Runs until the test lets go of GATE."""
+    _record(task, "start")
+    with psycopg.connect(os.environ["SLOTD_DATABASE_URL"], autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (GATE,))
+        conn.execute("SELECT pg_advisory_unlock(%s)", (GATE,))
+    return {"gated": task.id}
