@@ -1,6 +1,13 @@
 """slotd: a durable PostgreSQL task queue and the worker daemon that drains it."""
 
-from slotd.errors import Cancelled, DeadlineExceeded, LeaseLost, SchemaNotMigrated, SlotdError
+from slotd.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    LeaseLost,
+    SchemaNotMigrated,
+    SlotdError,
+    StepMismatch,
+)
 from slotd.outcome import Outcome
 from slotd.registry import Registry
 from slotd.repository import NewTask, UnknownParents
@@ -16,6 +23,7 @@ __all__ = [
     "Registry",
     "SchemaNotMigrated",
     "SlotdError",
+    "StepMismatch",
     "Task",
     "TaskResult",
     "UnknownParents",

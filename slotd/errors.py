@@ -28,6 +28,11 @@ class LeaseLost(SlotdError):
         self.next_claim = next_claim
 
 
+class StepMismatch(SlotdError):
+    """A run's durable steps no longer match the ones its task stored (the handler's code
+    changed under a task that took steps): the step is named; nothing runs twice."""
+
+
 class UnknownTaskType(SlotdError):
     """A claimed row names a type this registry has no handler for."""
 

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import inspect
+import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from slotd.errors import Cancelled, DeadlineExceeded, LeaseLost
-from slotd.payload import encode
+from slotd.errors import Cancelled, DeadlineExceeded, LeaseLost, StepMismatch
+from slotd.payload import encode, encode_result
+
+# A step's stored value, written to the slot (the runner's pipe) and stored: (place in the
+# run, name, JSON text) -> whether the fenced write matched.
+StepWriter = Callable[[int, str, str], bool]
+AsyncStepWriter = Callable[[int, str, str], Awaitable[bool]]
+_NOT_STORED = object()
 
 
 @dataclass(frozen=True)
@@ -55,8 +63,18 @@ class Context:
         is_cancelled: Callable[[], bool] = lambda: False,
         log: logging.Logger | None = None,
         write_cursor_async: Callable[[str], Awaitable[bool]] | None = None,
+        *,
+        steps: Sequence[Mapping[str, Any]] | None = None,
+        write_step: StepWriter | None = None,
+        write_step_async: AsyncStepWriter | None = None,
     ) -> None:
         self.task = task
+        # Durable steps: what earlier attempts stored (name, value), in the order they ran,
+        # and the names this run has taken so far (matched against them by place).
+        self._stored: list[tuple[str, Any]] = [(s["name"], s["value"]) for s in steps or ()]
+        self._taken: list[str] = []
+        self._write_step = write_step
+        self._write_step_async = write_step_async
         self.deadline = deadline
         self._write_cursor = write_cursor
         self._write_cursor_async = write_cursor_async
@@ -120,3 +138,93 @@ class Context:
         if not ok:
             raise LeaseLost(f"task {self.task.id}: cursor refused, the lease was taken over")
         self.advanced = True
+
+    # durable steps (#38)
+
+    def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run `fn(*args, **kwargs)` once per task: its return value (JSON) is stored, fenced
+        on the lease, before this returns it; a later attempt of the task (a retry, after
+        a crash, a kill, a rollout) gets the stored value back without calling `fn`.
+
+        Steps are matched by name, in the order the handler takes them: a name taken twice
+        in one run is the handler's error (ValueError), a value that is not JSON too
+        (TypeError), and a run whose step differs from the one stored at its place (the
+        code changed under the task) raises StepMismatch naming both. What is returned is
+        the value as stored (JSON: a tuple comes back a list), on every attempt alike."""
+        index, stored = self._replay(name)
+        if stored is not _NOT_STORED:
+            return stored
+        value = fn(*args, **kwargs)
+        if inspect.isawaitable(value):
+            close = getattr(value, "close", None)
+            if close is not None:
+                close()
+            raise TypeError(
+                f"step {name!r}: fn returned an awaitable; use `await ctx.step_async(...)`"
+            )
+        text = self._step_text(name, value)
+        if self._write_step is None:
+            raise RuntimeError("durable steps need a queue to store them in")
+        return self._stepped(index, name, text, self._write_step(index, name, text))
+
+    async def step_async(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`step` for `async def` handlers: `fn` may be a coroutine function (awaited) or a
+        plain one; the loop keeps running while the slot stores the value."""
+        index, stored = self._replay(name)
+        if stored is not _NOT_STORED:
+            return stored
+        value = fn(*args, **kwargs)
+        if inspect.isawaitable(value):
+            value = await value
+        text = self._step_text(name, value)
+        if self._write_step_async is not None:
+            ok = await self._write_step_async(index, name, text)
+        elif self._write_step is not None:
+            ok = self._write_step(index, name, text)
+        else:
+            raise RuntimeError("durable steps need a queue to store them in")
+        return self._stepped(index, name, text, ok)
+
+    @property
+    def steps_taken(self) -> list[str]:
+        """The names of the steps this run has taken (stored or replayed), in order."""
+        return list(self._taken)
+
+    def _replay(self, name: str) -> tuple[int, Any]:
+        """The step's place in this run, and its stored value when an earlier attempt
+        stored it there (else _NOT_STORED: run it)."""
+        if not isinstance(name, str) or not name:
+            raise TypeError("a step's name must be a non-empty string")
+        if name in self._taken:
+            raise ValueError(
+                f"task {self.task.id}: step {name!r} taken twice in one run; a step's name"
+                " must be unique within the handler (in a loop, name each: f'charge:{i}')"
+            )
+        index = len(self._taken)
+        if index >= len(self._stored):
+            return index, _NOT_STORED
+        stored_name, value = self._stored[index]
+        if stored_name != name:
+            raise StepMismatch(
+                f"task {self.task.id}: step {index + 1} of this run is {name!r}, but an"
+                f" earlier attempt stored {stored_name!r} there: the handler's steps changed"
+                " under a task that had taken some (see 'Changing a workflow' in the docs)"
+            )
+        self._taken.append(name)
+        return index, value
+
+    def _step_text(self, name: str, value: Any) -> str:
+        try:
+            return encode_result(value, f"task {self.task.id} step {name!r}")
+        except TypeError as exc:
+            raise TypeError(str(exc).replace("return value", "value")) from None
+
+    def _stepped(self, index: int, name: str, text: str, ok: bool) -> Any:
+        if not ok:
+            raise LeaseLost(
+                f"task {self.task.id}: step {name!r} not stored, the lease was taken over"
+            )
+        value = json.loads(text)
+        self._taken.append(name)
+        self._stored.append((name, value))
+        return value

@@ -502,11 +502,12 @@ claimed AS (
              AS c0(task_type, ceiling_s, max_attempts),
          LATERAL (SELECT make_interval(secs => c0.ceiling_s) AS ceiling) c
     WHERE t.id = picked.id AND c0.task_type = t.task_type
-    -- trace_context, has_dependants, parent_results, batch_id last, in
-    -- repository.Claimed's order.
+    -- trace_context, has_dependants, parent_results, batch_id, steps last, in
+    -- repository.Claimed's order. steps: the task's stored durable steps (sql/070), which
+    -- the attempt replays instead of running them again; NULL for a task that took none.
     RETURNING t.id, t.task_type, t.payload, {task_key}, t.run_at, t.attempt_count,
               t.max_attempts, t.lease_token, t.lease_expires_at, now() AS claimed_at,
-              t.trace_context, t.has_dependants, {parent_results}, t.batch_id
+              t.trace_context, t.has_dependants, {parent_results}, t.batch_id, t.steps
 )
 
 -- fragment: claim_rate_record
@@ -718,6 +719,22 @@ SET payload = %(payload)s,
     attempt_count = 0,
     last_error = NULL
 WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid AND t.cancelled_at IS NULL
+
+-- name: record_step
+-- A durable step's value (ctx.step, #38), appended to the task's steps under the lease the
+-- attempt runs under, before the handler goes on: a worker that lost its lease stores
+-- nothing (the handler is told, LeaseLost), and a cancelled task takes no more steps.
+-- %(index)s is the step's place in the run: the write appends only at that place, and a
+-- retry of a write whose answer was lost (the slot reconnects, see slotd/lifecycle/,
+-- "answer lost") finds its own step already there and matches without a second copy.
+UPDATE slotd_tasks t
+SET steps = CASE WHEN jsonb_array_length(coalesce(t.steps, '[]'::jsonb)) = %(index)s::int
+                 THEN coalesce(t.steps, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+                     'name', %(name)s::text, 'value', %(value)s::jsonb, 'at', now()))
+                 ELSE t.steps END
+WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid AND t.cancelled_at IS NULL
+  AND (jsonb_array_length(coalesce(t.steps, '[]'::jsonb)) = %(index)s::int
+       OR t.steps -> %(index)s::int ->> 'name' = %(name)s::text)
 
 -- name: continue_slice
 -- The end of a slice that advanced and returned False: the lease goes and the row is due at
@@ -1165,7 +1182,7 @@ ORDER BY CASE WHEN %(view)s::text = 'dead' THEN t.last_attempted_at END DESC NUL
 -- leased to nobody until ceiling + margin. claimed_at: the claim's own stamp.
 SELECT t.id, t.task_type, t.payload, {task_key}, t.run_at, t.attempt_count, t.max_attempts,
        t.lease_token, t.lease_expires_at, t.last_attempted_at AS claimed_at,
-       t.trace_context, t.has_dependants, {parent_results}, t.batch_id
+       t.trace_context, t.has_dependants, {parent_results}, t.batch_id, t.steps
 FROM slotd_tasks t
 WHERE t.lease_token = %(token)s::uuid AND {lease_live}
 

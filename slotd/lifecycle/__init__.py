@@ -17,6 +17,13 @@ nothing, and is told so (`lost`).
   release at the advance made that `lost`, and the task ran again for ever), raising backs
   it off from the saved cursor (a release made that a retry storm with no error kept), and
   no other slot can start the next slice while this one still runs its remaining code.
+- stepped: a durable step's JSON value (ctx.step, #38) is appended to the task's steps (sql
+  `record_step`), fenced on the token, refused once the task is cancelled, and KEEPS the
+  lease; the handler goes on only after the write is acknowledged, so a step whose value
+  was stored is never run again by this task (the claim hands the stored steps to every
+  later attempt), and one whose write was refused raises LeaseLost in the handler's frame.
+  The attempt count is left alone: a step is progress inside an attempt, not a slice.
+  Idempotent by its place in the run, so a retry after a lost answer stores it once.
 - settled, by what the handler did (`settle`):
   done       the row is deleted (sql `dequeue`), optionally claiming the next task in the
              same statement (`dequeue_claim`); for a type with keep_result (the Result
@@ -117,7 +124,7 @@ that carries it out is read room by room (every name is imported from here: call
 `lifecycle.settle`, `lifecycle.conclude`, ...):
 - by_outcome.py: `settle`, the settlement by what the handler did ("settled", "released"),
   and the results of a claim that never started (`not_started`, `not_started_at_shutdown`);
-- holder.py: the slot's transitions, `claimed`, `advance`, and `conclude` with the retries
+- holder.py: the slot's transitions, `claimed`, `advance`, `step`, and `conclude` with the retries
   of a settlement whose answer was lost ("answer lost", "Order");
 - handover.py: `handed_over`, a dead slot's lease settled by its supervisor ("handed over");
 - sweeps.py: `expire`, `lapse` and `sweep` ("expired", "lapsed");
@@ -131,7 +138,7 @@ from slotd.lifecycle.by_outcome import (
     settle,
 )
 from slotd.lifecycle.handover import handed_over
-from slotd.lifecycle.holder import advance, claimed, conclude
+from slotd.lifecycle.holder import advance, claimed, conclude, step
 from slotd.lifecycle.settlement import Logger, Settlement, Writer
 from slotd.lifecycle.sweeps import EXPIRE_BATCH, EXPIRE_ROUNDS, Swept, expire, lapse, sweep
 
@@ -153,5 +160,6 @@ __all__ = [
     "not_started",
     "not_started_at_shutdown",
     "settle",
+    "step",
     "sweep",
 ]

@@ -29,6 +29,12 @@ def advance(repo: Repository, claimed: Claimed, payload: Mapping[str, Any] | str
     return repo.advance_cursor(claimed.id, claimed.token, payload)
 
 
+def step(repo: Repository, claimed: Claimed, index: int, name: str, value: str) -> bool:
+    """A durable step's value (JSON text), stored at its place in the task's steps, fenced on
+    the lease: False when the lease is not ours (rule book, "stepped")."""
+    return repo.record_step(claimed.id, claimed.token, index, name, value)
+
+
 def conclude(
     write: Writer[Settlement],
     ledger: Ledger,

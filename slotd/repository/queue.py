@@ -44,6 +44,9 @@ class Claimed:
     parent_results: dict[str, Any] | None = None
     # The batch it belongs to (slotd.batch): its end is counted there.
     batch_id: int | None = None
+    # Its durable steps stored so far (sql/070): [{"name", "value", "at"}] in the order they
+    # ran, None when it took none. The attempt replays them (slotd.task.Context.step).
+    steps: list[dict[str, Any]] | None = None
 
     @property
     def linked(self) -> bool:
@@ -365,6 +368,15 @@ class QueueProtocol(Lanes):
         Context, in the handler's own frame)."""
         body = payload if isinstance(payload, str) else encode(payload, "cursor")
         count, _ = self._write("advance_cursor", {"id": task_id, "token": token, "payload": body})
+        return count == 1
+
+    def record_step(
+        self, task_id: int, token: uuid.UUID, index: int, name: str, value: str
+    ) -> bool:
+        """Store a durable step's JSON `value` at place `index` of the task's steps, fenced
+        on the lease; False when the lease is not ours (or the task was cancelled)."""
+        params = {"id": task_id, "token": token, "index": index, "name": name, "value": value}
+        count, _ = self._write("record_step", params)
         return count == 1
 
     def held_lease(self, token: str) -> Claimed | None:

@@ -1,8 +1,9 @@
 """The runner: a child of its slot, in its own process group, that runs handler after handler
 (imports, caches and the handler's own connections stay warm) and answers its slot.
 
-It opens no queue connection. The one queue write a handler makes, advance_cursor, goes to
-the slot over the pipe; the slot performs it, fenced, and answers."""
+It opens no queue connection. The queue writes a handler makes, advance_cursor and a durable
+step's value (ctx.step), go to the slot over the pipe; the slot performs them, fenced, and
+answers before the handler goes on."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ EXIT_FLUSH = 2.0
 class _State:
     cancelled = False
     armed = False
-    cursor_owed = False  # an async cursor write was cancelled before its answer came
+    # An async cursor or step write was cancelled before its answer came: which one.
+    owed: str | None = None
     entered = False  # the handler's own code has started, this attempt
 
 
@@ -155,11 +157,11 @@ def serve(
             if message[0] == "exit":  # stopped between tasks (slot.Runner.stop)
                 integrations.runner_exit(EXIT_FLUSH)
                 break
-            _, fields, deadline_ts, stale_cancel = message
+            _, fields, deadline_ts, stale_cancel, steps = message
             task, deadline = _task(fields), datetime.fromtimestamp(deadline_ts, UTC)
             if stale_cancel:  # a cancel meant for the task before this one
                 _State.cancelled = False
-            result = _run(conn, registry, task, deadline, slot_no, faults)
+            result = _run(conn, registry, task, deadline, slot_no, faults, steps)
             proc.tell(conn, ("result", *result.fields()))
     except BaseException:  # noqa: BLE001 - whatever happens, the slot sees a dead runner
         code = 70
@@ -167,9 +169,12 @@ def serve(
         os._exit(code)
 
 
-def run_message(task: Task, deadline: datetime, stale_cancel: bool) -> tuple[Any, ...]:
+def run_message(
+    task: Task, deadline: datetime, stale_cancel: bool, steps: list[Any] | None = None
+) -> tuple[Any, ...]:
     """The slot's "run": plain values, cheaper to pickle than a Task and datetimes (twice
-    per task, one way each); `_task` rebuilds the Task in the runner."""
+    per task, one way each); `_task` rebuilds the Task in the runner. `steps`: the task's
+    stored durable steps, as its claim read them."""
     fields = (
         task.id,
         task.type,
@@ -180,7 +185,7 @@ def run_message(task: Task, deadline: datetime, stale_cancel: bool) -> tuple[Any
         task.trace_context,
         task.parent_results or None,
     )
-    return ("run", fields, deadline.timestamp(), stale_cancel)
+    return ("run", fields, deadline.timestamp(), stale_cancel, steps)
 
 
 def _task(fields: tuple[Any, ...]) -> Task:
@@ -205,6 +210,7 @@ def _run(
     deadline: datetime,
     slot_no: int,
     faults: Injector | None,
+    steps: list[Any] | None = None,
 ) -> Result:
     handler = _entered_handlers.get(task.type)
     if handler is None:
@@ -214,33 +220,42 @@ def _run(
         handler = _entered_handlers[task.type] = _entering(found)
     proc.set_title(f"runner {slot_no} running {task.type}#{task.id}")
 
-    def write_cursor(body: str) -> bool:
+    def ask(message: tuple[Any, ...]) -> bool:
         # The exchange with the slot must not be torn by the deadline interrupt: a pending
         # interrupt is delivered right after, in the handler's frame.
         signal.pthread_sigmask(signal.SIG_BLOCK, {INTERRUPT})
         try:
-            conn.send(("cursor", body))
-            return _cursor_reply(conn.recv())
+            conn.send(message)
+            return _reply(message[0], conn.recv())
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {INTERRUPT})
 
-    async def write_cursor_async(body: str) -> bool:
+    async def ask_async(message: tuple[Any, ...]) -> bool:
         # The loop keeps running while the slot writes. A cancel meanwhile leaves the
         # answer owed; it is read before the result goes back, so the pipe stays in step.
         loop = asyncio.get_running_loop()
         answered = loop.create_future()
-        conn.send(("cursor", body))
-        _State.cursor_owed = True
+        conn.send(message)
+        _State.owed = message[0]
         loop.add_reader(conn.fileno(), lambda: answered.done() or answered.set_result(None))
         try:
             await answered
         finally:
             loop.remove_reader(conn.fileno())
-        _State.cursor_owed = False
-        return _cursor_reply(conn.recv())
+        _State.owed = None
+        return _reply(message[0], conn.recv())
 
     cancelled = lambda: _State.cancelled  # noqa: E731
-    ctx = Context(task, deadline, write_cursor, cancelled, write_cursor_async=write_cursor_async)
+    ctx = Context(
+        task,
+        deadline,
+        lambda body: ask(("cursor", body)),
+        cancelled,
+        write_cursor_async=lambda body: ask_async(("cursor", body)),
+        steps=steps,
+        write_step=lambda i, name, text: ask(("step", i, name, text)),
+        write_step_async=lambda i, name, text: ask_async(("step", i, name, text)),
+    )
     threads = _threads_before()
     # Not cleared here: a cancel that lands while the task is being received stays (the
     # slot clears a stale one with the "run" message; see slot.Slot._watch).
@@ -252,9 +267,10 @@ def _run(
         result = Result(ERROR, str(exc), ctx.advanced, True)
     finally:
         _State.armed = False
-    if _State.cursor_owed:
-        _State.cursor_owed = False
-        result.advanced = result.advanced or bool(conn.recv()[1])
+    if _State.owed is not None:
+        owed, _State.owed = _State.owed, None
+        answer = bool(conn.recv()[1])
+        result.advanced = result.advanced or (owed == "cursor" and answer)
     result.past_deadline = result.past_deadline or past(deadline)
     timed_out = result.past_deadline and result.kind != DONE
     ended = timed_out or _State.cancelled or result.kind == SHUTDOWN
@@ -299,9 +315,9 @@ def _threads_before() -> list[threading.Thread]:
     return _threads[1]
 
 
-def _cursor_reply(reply: tuple[Any, ...]) -> bool:
+def _reply(what: str, reply: tuple[Any, ...]) -> bool:
     """The slot's answer: written or refused, or the database's error, which is the
     handler's to see (raised in its frame), never the slot's."""
     if len(reply) > 2 and reply[2]:
-        raise ValueError(f"cursor not stored: {reply[2]}")
+        raise ValueError(f"{what} not stored: {reply[2]}")
     return bool(reply[1])

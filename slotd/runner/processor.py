@@ -133,6 +133,8 @@ def process(
             deadline,
             lambda payload: lifecycle.advance(repo, claimed, payload),
             is_cancelled,
+            steps=claimed.steps,
+            write_step=lambda i, name, text: lifecycle.step(repo, claimed, i, name, text),
         )
         result = execute(handler, ctx, before)
     return lifecycle.settle(

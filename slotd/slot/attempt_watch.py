@@ -118,7 +118,8 @@ class AttemptWatch:
             # A cancel sent during the last task may have landed after its result: the
             # runner forgets it on this message, never on its own, so a cancel sent from
             # here on (a SIGTERM while it receives the task) is kept.
-            proc.tell(runner_.conn, runner.run_message(claimed.task(), deadline, self.cancel_sent))
+            message = runner.run_message(claimed.task(), deadline, self.cancel_sent, claimed.steps)
+            proc.tell(runner_.conn, message)
         except OSError:  # it died between tasks, before we noticed: ours to settle
             result = Result(CRASHED, "runner died before it got the task")
             s.runners.died(result)
@@ -179,6 +180,9 @@ class AttemptWatch:
                     advanced = advanced or ok
                     runner_.conn.send(("cursor_ok", ok, error))
                     continue
+                if message is not None and message[0] == "step":
+                    runner_.conn.send(("step_ok", *self._step(claimed, *message[1:])))
+                    continue
             exited = runner_.watch in ready or runner_.conn in ready or runner_.watch.fd is None
             if exited and runner_.watch.wait(1.0 if runner_.conn in ready else 0) is not None:
                 result = Result(CRASHED, "runner died under the handler", advanced)
@@ -208,6 +212,17 @@ class AttemptWatch:
             ok = s._write(lambda repo: lifecycle.advance(repo, claimed, body), claimed)
         except Exception as exc:  # noqa: BLE001 - bad data must not take the slot down
             s.log.warning("cursor write failed: %s", db.first_line(exc), extra=_ids(claimed))
+            return False, db.first_line(exc)
+        return bool(ok), None
+
+    def _step(self, claimed: Claimed, index: int, name: str, text: str) -> tuple[bool, str | None]:
+        """Store a durable step's value for the runner, fenced, before its handler goes on;
+        the database's word on the data is the handler's error, as for a cursor."""
+        s = self.slot
+        try:
+            ok = s._write(lambda repo: lifecycle.step(repo, claimed, index, name, text), claimed)
+        except Exception as exc:  # noqa: BLE001 - bad data must not take the slot down
+            s.log.warning("step write failed: %s", db.first_line(exc), extra=_ids(claimed))
             return False, db.first_line(exc)
         return bool(ok), None
 

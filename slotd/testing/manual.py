@@ -198,6 +198,10 @@ class ManualQueue:
             # Fenced on the old token like any late worker's write: refused unless the
             # row is somehow still under that lease.
             lambda payload: self.repo.advance_cursor(last.id, last.token, payload),
+            steps=last.steps,
+            write_step=lambda i, name, text: self.repo.record_step(
+                last.id, last.token, i, name, text
+            ),
         )
         with _LockWatch(self.conn) as watch:
             result = execute(handler, ctx, self._before())

@@ -31,7 +31,7 @@ def main() -> None:
     message = runner.run_message(task, now + datetime.timedelta(seconds=60), False)
 
     def one() -> tuple[Any, ...]:
-        _, fields, deadline_ts, _stale = message
+        _, fields, deadline_ts, _stale, _steps = message
         deadline = datetime.datetime.fromtimestamp(deadline_ts, datetime.UTC)
         ctx = Context(runner._task(fields), deadline, lambda p: True)
         return ("result", *execute(handler, ctx).fields())
