@@ -3,9 +3,12 @@
 from slotd.errors import (
     Cancelled,
     DeadlineExceeded,
+    Discard,
     LeaseLost,
+    RetryAfter,
     SchemaNotMigrated,
     SlotdError,
+    Snooze,
     StepMismatch,
 )
 from slotd.outcome import Outcome
@@ -17,12 +20,15 @@ __all__ = [
     "Cancelled",
     "Context",
     "DeadlineExceeded",
+    "Discard",
     "LeaseLost",
     "NewTask",
     "Outcome",
     "Registry",
+    "RetryAfter",
     "SchemaNotMigrated",
     "SlotdError",
+    "Snooze",
     "StepMismatch",
     "Task",
     "TaskResult",

@@ -1,5 +1,7 @@
 """Exceptions a handler, a caller or an operator can meet."""
 
+from datetime import timedelta
+
 
 class SlotdError(Exception):
     """Base of every slotd error."""
@@ -26,6 +28,45 @@ class LeaseLost(SlotdError):
         # A settlement that also claimed the next task refused the first half only: the
         # claim is this worker's all the same.
         self.next_claim = next_claim
+
+
+def _delay(value: object, what: str) -> float:
+    """A non-negative timedelta (or seconds) as seconds, else TypeError/ValueError."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise TypeError(f"{what} takes a timedelta (or seconds), not {value!r}")
+    if seconds < 0 or seconds != seconds or seconds == float("inf"):
+        raise ValueError(f"{what}: the delay must be finite and not negative, not {value!r}")
+    return float(seconds)
+
+
+class Snooze(SlotdError):
+    """Raised by a handler: not now, again after `delay` (a timedelta). Costs no attempt;
+    a task's snoozes are counted and capped (slotd.lifecycle.MAX_SNOOZES), past which it is
+    a dead letter saying so. A snooze beyond the task's expires_in lets it expire."""
+
+    def __init__(self, delay: timedelta | float) -> None:
+        self.delay_s = _delay(delay, "Snooze")
+        super().__init__(f"snoozed for {self.delay_s:g}s")
+
+
+class Discard(SlotdError):
+    """Raised by a handler: this task can never succeed; a dead letter now (reason
+    "discarded", `reason` kept as its error), whatever attempts remain. Its dependants are
+    cancelled and its batch counts it failed, as for any dead letter."""
+
+    def __init__(self, reason: str = "discarded by its handler") -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class RetryAfter(SlotdError):
+    """Raised by a handler: a failure whose next attempt is due after `delay` (an HTTP 429's
+    Retry-After), instead of the backoff's; still bounded by max_attempts."""
+
+    def __init__(self, delay: timedelta | float, message: str | None = None) -> None:
+        self.delay_s = _delay(delay, "RetryAfter")
+        super().__init__(message or f"retry after {self.delay_s:g}s")
 
 
 class StepMismatch(SlotdError):

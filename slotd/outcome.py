@@ -20,8 +20,12 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"
     LOST = "lost"
     CRASHED = "crashed"
+    # A typed handler's payload its model refused (slotd.typed.models): a dead letter at once.
+    DISCARDED = "discarded"
     # Not an attempt's end: a task that reached its expires_in unstarted (the expiry sweep).
     EXPIRED = "expired"
+    # The handler raised slotd.Snooze: due again later, no attempt spent.
+    SNOOZED = "snoozed"
 
 
 # What the runner (or the slot on its behalf) reports about a handler call.
@@ -31,6 +35,11 @@ ERROR = "error"
 SHUTDOWN = "shutdown"  # raised Cancelled, or still running when the shutdown grace ran out
 KILLED = "killed"  # ended by the watchdog after the deadline and the kill grace
 CRASHED = "crashed"  # the runner died under the handler
+SNOOZE = "snooze"  # raised slotd.Snooze: Result.extra[SNOOZE_S] says for how long
+
+# Result.extra keys the handler's decisions (slotd/runner/decisions.py) give its settlement.
+SNOOZE_S = "snooze_s"  # seconds until a snoozed task is due again
+RETRY_IN_S = "retry_in_s"  # seconds until a failed task's next attempt (RetryAfter, backoff=)
 
 
 @dataclass

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from slotd.task import Context, Task
 
 HandlerFn = Callable[["Task", "Context"], Any]
+# backoff=(attempt, exception) -> timedelta: the delay before the next attempt.
+Backoff = Callable[[int, BaseException], timedelta]
 # rate=(N, window): at most N starts in any window of that length.
 Rate = tuple[int, timedelta]
 TYPE_NAME = re.compile(r"^[a-z][a-z0-9_.:-]{0,127}$")
@@ -61,6 +63,11 @@ class Handler:
     # Fleet-wide: at most N starts of the type (of one group) in any window of this length.
     rate: Rate | None = None
     rate_per_group: Rate | None = None
+    # What the handler's exceptions decide (slotd/runner/decisions.py): only these are
+    # retried (None: all), these are discarded at once, and the delay before a retry.
+    retry_on: tuple[type[BaseException], ...] | None = None
+    discard_on: tuple[type[BaseException], ...] = ()
+    backoff: Backoff | None = field(default=None, compare=False)
 
     def limits(self) -> tuple[int | None, float | None, float | None]:
         """As plain numbers, for the runner's hello to its slot."""
@@ -78,6 +85,22 @@ class Handler:
 
 def _seconds(value: timedelta | None) -> float | None:
     return None if value is None else value.total_seconds()
+
+
+def _exceptions(name: str, what: str, value: object) -> tuple[type[BaseException], ...] | None:
+    """An exception type or a tuple of them, as a tuple; None when not given."""
+    if value is None:
+        return None
+    types = value if isinstance(value, tuple) else (value,)
+    if not all(isinstance(t, type) and issubclass(t, BaseException) for t in types):
+        raise ValueError(f"task type {name!r}: {what} takes exception types, not {value!r}")
+    return types
+
+
+def _backoff(name: str, value: object) -> Backoff | None:
+    if value is not None and not callable(value):
+        raise ValueError(f"task type {name!r}: backoff must be a function (attempt, exc)")
+    return value  # type: ignore[return-value]
 
 
 def _positive(value: object, what: str) -> timedelta | None:
@@ -155,13 +178,20 @@ class Registry:
         keep_result: timedelta | None = None,
         rate: Rate | None = None,
         rate_per_group: Rate | None = None,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        discard_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        backoff: Backoff | None = None,
     ) -> HandlerFn:
         """`max_attempts`, `backoff_base`, `backoff_cap` override the worker's settings for
         this type; the worker that claims a task stamps its threshold on the row.
         `max_running` / `max_running_per_group`: fleet-wide concurrency limits.
         `keep_result`: store each success's JSON return value this long (slotd.result).
         `rate` / `rate_per_group`: (N, window), at most N starts of the type (of the type
-        and one group) in any window of that length, fleet-wide."""
+        and one group) in any window of that length, fleet-wide.
+        `retry_on`: exception types that are retried (any other is discarded: a dead letter
+        now); `discard_on`: exception types discarded at once (checked first);
+        `backoff(attempt, exc) -> timedelta`: the delay before the next attempt after a
+        failure (else the capped exponential backoff)."""
         validate_type_name(name)
         if name in self._handlers:
             raise ValueError(f"task type {name!r} is already registered")
@@ -190,6 +220,9 @@ class Registry:
             keep_result,
             _rate(name, "rate", rate),
             _rate(name, "rate_per_group", rate_per_group),
+            _exceptions(name, "retry_on", retry_on),
+            _exceptions(name, "discard_on", discard_on) or (),
+            _backoff(name, backoff),
         )
         return fn
 
@@ -230,6 +263,9 @@ class Registry:
         keep_result: timedelta | None = None,
         rate: Rate | None = None,
         rate_per_group: Rate | None = None,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        discard_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        backoff: Backoff | None = None,
     ) -> Callable[[HandlerFn], HandlerFn]:
         def decorate(fn: HandlerFn) -> HandlerFn:
             return self.register(
@@ -244,6 +280,9 @@ class Registry:
                 keep_result=keep_result,
                 rate=rate,
                 rate_per_group=rate_per_group,
+                retry_on=retry_on,
+                discard_on=discard_on,
+                backoff=backoff,
             )
 
         return decorate

@@ -681,11 +681,19 @@ FROM slotd_tasks t
 WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
 
 -- fragment: failure_written
+-- %(discard)s: a payload its handler's model refused (slotd/lifecycle/, "discarded"): the
+-- dead letter now, the threshold lowered to the attempts run (dead is still
+-- attempt_count >= max_attempts in this release, sql/021), unless a cancel got there first.
 failed AS (
     UPDATE slotd_tasks t
     SET last_error = CASE WHEN t.cancelled_at IS NULL THEN %(error)s ELSE t.last_error END,
-        dead_reason = {exhausted_reason},
-        dead_attempts = {exhausted_attempts},
+        max_attempts = CASE WHEN %(discard)s::bool AND t.cancelled_at IS NULL
+                            THEN least(t.max_attempts, t.attempt_count)
+                            ELSE t.max_attempts END,
+        dead_reason = CASE WHEN %(discard)s::bool AND t.cancelled_at IS NULL THEN 'discarded'
+                           ELSE {exhausted_reason} END,
+        dead_attempts = CASE WHEN %(discard)s::bool AND t.cancelled_at IS NULL
+                             THEN t.attempt_count ELSE {exhausted_attempts} END,
         run_at = b.run_at,
         order_at = b.run_at - {head_start},
         lease_token = NULL,
@@ -735,6 +743,30 @@ SET steps = CASE WHEN jsonb_array_length(coalesce(t.steps, '[]'::jsonb)) = %(ind
 WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid AND t.cancelled_at IS NULL
   AND (jsonb_array_length(coalesce(t.steps, '[]'::jsonb)) = %(index)s::int
        OR t.steps -> %(index)s::int ->> 'name' = %(name)s::text)
+
+-- name: snooze
+-- A handler's `raise slotd.Snooze(td)` (slotd/lifecycle/, "snoozed"): the lease goes, the
+-- task is due again after the delay, the attempt its claim burnt is given back (a snooze is
+-- not a failure: it never brings the dead letter closer) and its snoozes counted. Fenced on
+-- the lease; refused for a cancelled task (its slot settles the cancel) and, once the task
+-- has snoozed %(max_snoozes)s times, left for the lifecycle to end as a dead letter: the
+-- answer says which (no row: not ours or cancelled; snoozed false: past the cap).
+WITH held AS (
+    SELECT t.id, t.snoozes FROM slotd_tasks t
+    WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid AND t.cancelled_at IS NULL
+), snoozed AS (
+    UPDATE slotd_tasks t
+    SET run_at = now() + make_interval(secs => %(delay_s)s),
+        order_at = now() + make_interval(secs => %(delay_s)s) - {head_start},
+        attempt_count = greatest(t.attempt_count - 1, 0),
+        snoozes = t.snoozes + 1,
+        lease_token = NULL,
+        lease_expires_at = NULL
+    FROM held h
+    WHERE t.id = h.id AND h.snoozes < %(max_snoozes)s
+    RETURNING t.id
+)
+SELECT h.snoozes, EXISTS (SELECT 1 FROM snoozed) FROM held h
 
 -- name: continue_slice
 -- The end of a slice that advanced and returned False: the lease goes and the row is due at
@@ -946,6 +978,7 @@ SET attempt_count = 0, run_at = now(),
     -- counted, sql/021) stays in its batch, which completes when it ends.
     batch_id = CASE WHEN t.dead_reason IS NULL THEN t.batch_id END,
     dead_reason = NULL, dead_attempts = NULL,
+    snoozes = 0,  -- a retried task snoozes its full count again (sql/071)
     -- An operator's retry of an expired task means "run it anyway": its expiry goes.
     expires_at = NULL,
     final_attempt_refunded = false  -- a fresh start: a rollout may give one back again
@@ -1664,7 +1697,8 @@ WITH RECURSIVE backoff AS (
     SELECT e.child_id, d.root FROM slotd_dependencies e JOIN doomed d ON e.parent_id = d.id
 ), {dependants_cancelled}, ended AS (
     SELECT f.id, f.batch_id, CASE f.dead_reason WHEN 'exhausted' THEN 'failed'
-                WHEN 'expired' THEN 'expired' ELSE 'cancelled' END AS outcome
+                WHEN 'discarded' THEN 'failed' WHEN 'expired' THEN 'expired'
+                ELSE 'cancelled' END AS outcome
     FROM failed f WHERE f.batch_id IS NOT NULL AND f.attempt_count >= f.max_attempts
     UNION ALL
     SELECT c.id, c.batch_id, 'cancelled' FROM cancelled c WHERE c.batch_id IS NOT NULL

@@ -55,6 +55,25 @@ nothing, and is told so (`lost`).
              its batch: the batch counted its end already;
   timeout    the same write, for a handler past its deadline or killed by the watchdog;
   crashed    the same write, for a runner that died under the handler;
+  discarded  a typed handler's payload its model refused (slotd.typed.models): the same write with
+             `discard`, which makes the dead letter now (dead_reason 'discarded', the
+             threshold lowered to the attempts run), since the same payload would fail every
+             attempt; dependants are cancelled and a batch counts it 'failed', as for any
+             failure's dead letter;
+  discarded  also a handler's own word (#38): `raise slotd.Discard(reason)`, an exception its
+             handler's `discard_on` names, or one its `retry_on` does not (decided in the
+             runner, slotd/runner/decisions.py, carried as Result.extra[DISCARD]);
+  retry after a failure whose delay the handler chose (`raise slotd.RetryAfter(td)`, its
+             `backoff=`): the failure's write with that delay as base and cap and no
+             jitter, so the next attempt is due then; still bounded by max_attempts;
+  snoozed    `raise slotd.Snooze(td)`: the lease goes, due again after td, and the attempt
+             the claim burnt is given back (sql `snooze`): a snooze is the handler saying
+             "not yet", never a step towards the dead letter, so a task of max_attempts 2
+             may snooze many times and still get both its attempts. Counted on the row
+             (sql/071) and capped (MAX_SNOOZES): past the cap the same write as discarded,
+             its error saying so, since a handler that snoozes for ever must still end.
+             Refused for a cancelled task: settled as the cancel. A snooze past the task's
+             expires_at lets it expire (the claim refuses it from then; the sweep ends it);
   continued  a slice that returned False: released and due at once after an advance
              (`continue_slice`), backed off like a failure when it saved nothing (it would
              repeat itself at once);
@@ -131,6 +150,8 @@ that carries it out is read room by room (every name is imported from here: call
 - settlement.py: the `Settlement` every one of them returns, and its log line."""
 
 from slotd.lifecycle.by_outcome import (
+    DISCARD,
+    MAX_SNOOZES,
     NOT_ADVANCED,
     UNSTARTED,
     not_started,
@@ -143,8 +164,10 @@ from slotd.lifecycle.settlement import Logger, Settlement, Writer
 from slotd.lifecycle.sweeps import EXPIRE_BATCH, EXPIRE_ROUNDS, Swept, expire, lapse, sweep
 
 __all__ = [
+    "DISCARD",
     "EXPIRE_BATCH",
     "EXPIRE_ROUNDS",
+    "MAX_SNOOZES",
     "NOT_ADVANCED",
     "UNSTARTED",
     "Logger",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 
@@ -46,20 +47,13 @@ def settle(
     handler ended, the row stays the dead letter the cancel made it: outcome `cancelled`,
     never retried. Only a handler that finished its work anyway is settled as a success."""
     task_id, token = claimed.id, claimed.token
-    backoff = _backoff(repo, registry, claimed.task_type)
+    backoff = _backoff(repo, registry, claimed.task_type, result)
     try:
         if cancelled_by is not None and result.kind != kinds.DONE:
-            if not repo.settle_cancelled(task_id, token):
-                raise LeaseLost(f"task {task_id}: cancel settlement refused")
-            logger.info(
-                "task %s#%s attempt %s: cancelled (%s); not retried",
-                claimed.task_type,
-                claimed.id,
-                claimed.attempt,
-                cancelled_by,
-                extra={**_fields(claimed, result), "outcome": str(Outcome.CANCELLED)},
-            )
-            return Settlement(Outcome.CANCELLED, True, result.duration)
+            what = f"({cancelled_by}); not retried"
+            return _cancelled_instead(repo, claimed, result, logger, what)
+        if result.kind == kinds.SNOOZE:
+            return _snoozed(repo, claimed, result, logger, backoff)
         if result.kind == kinds.DONE and claimed.linked and not (then_claim and then_claim[0]):
             repo.dequeue_linked(task_id, token, result.value, result.keep_s)
             return _done(Outcome.SUCCESS, claimed, result, logger)
@@ -102,6 +96,10 @@ def settle(
             text = _error_text(result, "deadline exceeded")
             failure = _fail(repo, claimed, text, backoff)
             return _done(Outcome.TIMEOUT, claimed, result, logger, failure.dead)
+        if result.kind == kinds.ERROR and result.extra.get(DISCARD):
+            text = _error_text(result, "payload refused by its model")
+            failure = _fail(repo, claimed, text, backoff, discard=True)
+            return _done(Outcome.DISCARDED, claimed, result, logger, failure.dead)
         if result.kind == kinds.CRASHED:
             text = _error_text(result, "runner crashed")
             failure = _fail(repo, claimed, text, backoff)
@@ -131,16 +129,22 @@ def _as_linked(repo: Repository, claimed: Claimed, result: Result) -> Outcome:
 
 
 def _fail(
-    repo: Repository, claimed: Claimed, text: str, backoff: dict[str, timedelta | None]
+    repo: Repository,
+    claimed: Claimed,
+    text: str,
+    backoff: dict[str, Any],
+    discard: bool = False,
 ) -> Failure:
     """record_failure, by the linked statement for a linked task, and again so when the
-    plain one is refused (dependants enqueued since the claim; see _as_linked)."""
+    plain one is refused (dependants enqueued since the claim; see _as_linked).
+    `discard`: the dead letter now, whatever attempts remain."""
+    fail = repo.record_failure
     if claimed.linked:
-        return repo.record_failure(claimed.id, claimed.token, text, **backoff, linked=True)
+        return fail(claimed.id, claimed.token, text, **backoff, linked=True, discard=discard)
     try:
-        return repo.record_failure(claimed.id, claimed.token, text, **backoff)
+        return fail(claimed.id, claimed.token, text, **backoff, discard=discard)
     except LeaseLost:
-        return repo.record_failure(claimed.id, claimed.token, text, **backoff, linked=True)
+        return fail(claimed.id, claimed.token, text, **backoff, linked=True, discard=discard)
 
 
 def _kept(result: Result) -> tuple[str, float] | None:
@@ -156,7 +160,7 @@ def _unsettled(
     result: Result,
     exc: Exception,
     logger: Logger,
-    backoff: dict[str, timedelta | None],
+    backoff: dict[str, Any],
 ) -> Settlement:
     """The settlement's own write failed (data the database refused, a trigger): record
     that as this attempt's failure, with the reason, rather than let it end the slot."""
@@ -171,10 +175,16 @@ def _unsettled(
 
 
 def _backoff(
-    repo: Repository, registry: Registry | None, task_type: str
-) -> dict[str, timedelta | None]:
+    repo: Repository, registry: Registry | None, task_type: str, result: Result | None = None
+) -> dict[str, Any]:
     """The type's own backoff where its handler sets one. A base above the worker's cap
-    lifts the cap to it: the handler asked for at least that long."""
+    lifts the cap to it: the handler asked for at least that long. A delay the handler
+    chose for this failure (RetryAfter, backoff=: Result.extra) is taken exactly, no
+    jitter: the base and the cap both."""
+    retry_in = result.extra.get(kinds.RETRY_IN_S) if result is not None else None
+    if retry_in is not None:
+        delay = timedelta(seconds=float(retry_in))
+        return {"backoff_base": delay, "backoff_cap": delay, "jitter": 0.0}
     handler = registry.get(task_type) if registry is not None else None
     if handler is None:
         return {}
@@ -190,7 +200,7 @@ def _release(
     result: Result,
     shutting_down: bool,
     logger: Logger,
-    backoff: dict[str, timedelta | None],
+    backoff: dict[str, Any],
 ) -> Settlement:
     interrupted = shutting_down or result.kind == kinds.SHUTDOWN
     if not interrupted:
@@ -212,7 +222,7 @@ def _continued(
     claimed: Claimed,
     result: Result,
     logger: Logger,
-    backoff: dict[str, timedelta | None],
+    backoff: dict[str, Any],
 ) -> Settlement:
     """A continue. After an advance the lease is given back and the row is due at once,
     from its cursor. A continue that saved nothing would repeat this attempt at once, so it
@@ -226,16 +236,7 @@ def _continued(
             return _done(outcome, claimed, result, logger)
         # Refused: the lease is gone, or an operator cancelled the task after its advance
         # and this slot never heard of it. The cancel's end, then, as if it had.
-        if not repo.settle_cancelled(claimed.id, claimed.token):
-            raise LeaseLost(f"task {claimed.id}: continue refused, the lease is not ours")
-        logger.info(
-            "task %s#%s attempt %s: cancelled after its advance; not continued",
-            claimed.task_type,
-            claimed.id,
-            claimed.attempt,
-            extra={**_fields(claimed, result), "outcome": str(Outcome.CANCELLED)},
-        )
-        return Settlement(Outcome.CANCELLED, True, result.duration)
+        return _cancelled_instead(repo, claimed, result, logger, "after its advance; not continued")
     failure = _fail(repo, claimed, NOT_ADVANCED, backoff)
     logger.warning(
         "slice advanced nothing; backed off like a failure%s",
@@ -245,11 +246,60 @@ def _continued(
     return _done(outcome, claimed, result, logger, failure.dead)
 
 
+# A task may snooze this many times (sql/071 counts them); past that it is a dead letter
+# saying so: a handler that snoozes for ever must still end (oban #476, River #730).
+MAX_SNOOZES = 100
+
+
+def _snoozed(
+    repo: Repository,
+    claimed: Claimed,
+    result: Result,
+    logger: Logger,
+    backoff: dict[str, Any],
+) -> Settlement:
+    """A handler's Snooze: the lease goes and the task is due again after the delay, with
+    its attempt given back (sql `snooze`). Past MAX_SNOOZES it is a dead letter now, its
+    error saying why; a cancel that came meanwhile is settled as the cancel."""
+    delay = float(result.extra.get(kinds.SNOOZE_S) or 0.0)
+    answer = repo.snooze(claimed.id, claimed.token, delay, MAX_SNOOZES)
+    if answer is None:
+        return _cancelled_instead(repo, claimed, result, logger, "while it snoozed; not snoozed")
+    snoozes, snoozed = answer
+    if snoozed:
+        return _done(Outcome.SNOOZED, claimed, result, logger)
+    text = (
+        f"snoozed {snoozes} times, the most a task may (slotd.lifecycle.MAX_SNOOZES):"
+        " a dead letter instead of another snooze"
+    )
+    failure = _fail(repo, claimed, text, backoff, discard=True)
+    return _done(Outcome.DISCARDED, claimed, replace(result, error=text), logger, failure.dead)
+
+
+def _cancelled_instead(
+    repo: Repository, claimed: Claimed, result: Result, logger: Logger, what: str
+) -> Settlement:
+    """The cancel's end: an operator's cancel heard of, or a release refused (continue,
+    snooze) because the lease is gone or an operator cancelled the task unheard of."""
+    if not repo.settle_cancelled(claimed.id, claimed.token):
+        raise LeaseLost(f"task {claimed.id}: cancel settlement refused")
+    logger.info(
+        "task %s#%s attempt %s: cancelled %s",
+        claimed.task_type,
+        claimed.id,
+        claimed.attempt,
+        what,
+        extra={**_fields(claimed, result), "outcome": str(Outcome.CANCELLED)},
+    )
+    return Settlement(Outcome.CANCELLED, True, result.duration)
+
+
 def _error_text(result: Result, default: str) -> str:
     return result.error or default
 
 
 UNSTARTED = "unstarted"  # Result.extra: the handler never ran under this lease
+DISCARD = "discard"  # Result.extra: the payload its model refused; a dead letter now
 
 
 def not_started_at_shutdown() -> Result:

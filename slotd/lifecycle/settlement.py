@@ -58,7 +58,13 @@ def _done(
 ) -> Settlement:
     fields = {**_fields(claimed, result), "outcome": str(outcome), "duration": result.duration}
     level = logging.INFO
-    if outcome in (Outcome.FAILURE, Outcome.TIMEOUT, Outcome.CRASHED, Outcome.LOST):
+    if outcome in (
+        Outcome.FAILURE,
+        Outcome.TIMEOUT,
+        Outcome.CRASHED,
+        Outcome.LOST,
+        Outcome.DISCARDED,
+    ):
         level = logging.WARNING
         if result.error:
             fields["error"] = result.error.splitlines()[-1][:500]

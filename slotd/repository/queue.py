@@ -344,18 +344,28 @@ class QueueProtocol(Lanes):
         backoff_base: timedelta | None = None,
         backoff_cap: timedelta | None = None,
         linked: bool = False,
+        discard: bool = False,
+        jitter: float | None = None,
     ) -> Failure:
         """Back off and keep the error. `backoff_base` / `backoff_cap`: the type's own,
         else the worker's. `linked`: a task with dependants or of a batch
         (record_failure_linked: its dead letter cancels its dependants, transitively, and
-        is counted in its batch)."""
-        params = {"id": task_id, "token": token, "error": storable(error), **self._backoff}
+        is counted in its batch). `discard`: the dead letter now (reason 'discarded')."""
+        params = {
+            "id": task_id,
+            "token": token,
+            "error": storable(error),
+            "discard": discard,
+            **self._backoff,
+        }
         if linked:
             params["cause"] = PARENT_FAILED
         if backoff_base is not None:
             params["base_s"] = backoff_base.total_seconds()
         if backoff_cap is not None:
             params["cap_s"] = backoff_cap.total_seconds()
+        if jitter is not None:  # a delay the handler chose (RetryAfter): taken exactly
+            params["jitter"] = jitter
         _, rows = self._write("record_failure_linked" if linked else "record_failure", params)
         if not rows:
             raise LeaseLost(f"task {task_id}: failure refused, the lease is not ours")
@@ -378,6 +388,16 @@ class QueueProtocol(Lanes):
         params = {"id": task_id, "token": token, "index": index, "name": name, "value": value}
         count, _ = self._write("record_step", params)
         return count == 1
+
+    def snooze(
+        self, task_id: int, token: uuid.UUID, delay_s: float, max_snoozes: int
+    ) -> tuple[int, bool] | None:
+        """A handler's Snooze (sql `snooze`): None when the lease is not ours or the task
+        was cancelled, else (its snoozes before this one, whether it snoozed: False past
+        `max_snoozes`, and nothing was written)."""
+        params = {"id": task_id, "token": token, "delay_s": delay_s, "max_snoozes": max_snoozes}
+        _, rows = self._write("snooze", params)
+        return (int(rows[0][0]), bool(rows[0][1])) if rows else None
 
     def held_lease(self, token: str) -> Claimed | None:
         """The live lease under `token` (a chained claim's, after its answer was lost)."""

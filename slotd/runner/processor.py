@@ -23,6 +23,7 @@ from slotd.payload import encode_result
 from slotd.registry import Handler, Registry
 from slotd.repository import Claimed, Repository
 from slotd.runner import aio, chain
+from slotd.runner.decisions import decide
 from slotd.task import Context
 
 log = logging.getLogger("slotd.processor")
@@ -71,6 +72,17 @@ def execute(handler: Handler, ctx: Context, before: Callable[[], None] | None = 
         if isinstance(exc, DeadlineExceeded):
             took = time.monotonic() - started
             return Result(kind, error, ctx.advanced, True, took, ctx.log_fields, exception=exc)
+        if kind == kinds.ERROR:
+            # Snooze, Discard, RetryAfter, retry_on / discard_on / backoff: the handler's
+            # decision about its task (slotd/runner/decisions.py).
+            kind, decided = decide(handler, ctx.task.attempt, exc)
+            if decided:
+                took = time.monotonic() - started
+                error = None if kind == kinds.SNOOZE else error
+                extra = {**ctx.log_fields, **decided}
+                return Result(
+                    kind, error, ctx.advanced, past(ctx.deadline), took, extra, exception=exc
+                )
     else:
         caught = None
         kind, error = (kinds.CONTINUE, None) if returned is False else (kinds.DONE, None)

@@ -67,7 +67,9 @@ class Eager:
             watch.check(task, settlement)
             if settlement.outcome is Outcome.CONTINUED:
                 continue  # the daemon would claim the next slice at once; so do we
-            if self.propagate and settlement.outcome is not Outcome.SUCCESS:
+            # A snooze is the handler's "not yet", not a failure: nothing to propagate.
+            quiet = (Outcome.SUCCESS, Outcome.SNOOZED)
+            if self.propagate and settlement.outcome not in quiet:
                 raise _failed(task, settlement) from settlement.exception
             return
         raise TaskFailed(f"task {task_id}: still continuing after {self.max_slices} slices")

@@ -45,6 +45,8 @@ def _outcome_of(result: Result) -> Outcome:
         return Outcome.TIMEOUT if result.past_deadline else Outcome.CONTINUED
     if result.kind == kinds.SHUTDOWN:
         return Outcome.CANCELLED
+    if result.kind == kinds.SNOOZE:
+        return Outcome.SNOOZED
     return Outcome.TIMEOUT if result.past_deadline else Outcome.FAILURE
 
 

@@ -85,3 +85,67 @@ def changed(task: slotd.Task, ctx: slotd.Context) -> None:
         ctx.step("charge", _side, task, "charge", 1)
         raise RuntimeError("deploy came")
     ctx.step("reserve", _side, task, "reserve", 1)
+
+
+# handlers that decide (#38)
+
+
+def _starts(task: slotd.Task) -> int:
+    """How many times this task started before (its own record, as an application's)."""
+    with psycopg.connect(os.environ["SLOTD_DATABASE_URL"], autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM executions WHERE task_id = %s AND phase = 'start'", (task.id,)
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+@registry.handler("dur.snoozer", ceiling=timedelta(seconds=30), max_attempts=2)
+def snoozer(task: slotd.Task, ctx: slotd.Context) -> None:
+    """Snoozes payload["snoozes"] times (for payload["for_s"] seconds), then succeeds."""
+    before = _starts(task)
+    _record(task, "start")
+    if before < task.payload.get("snoozes", 3):
+        raise slotd.Snooze(timedelta(seconds=task.payload.get("for_s", 0.05)))
+    _record(task, "done")
+
+
+@registry.handler("dur.discard", ceiling=timedelta(seconds=30), max_attempts=5)
+def discard(task: slotd.Task, ctx: slotd.Context) -> None:
+    _record(task, "start")
+    raise slotd.Discard("customer deleted")
+
+
+@registry.handler(
+    "dur.retry_on",
+    ceiling=timedelta(seconds=30),
+    max_attempts=5,
+    retry_on=(ConnectionError,),
+    backoff=lambda attempt, exc: timedelta(0),
+)
+def retry_on(task: slotd.Task, ctx: slotd.Context) -> None:
+    """A ConnectionError (retried) on attempt 1, then a ValueError (not in retry_on)."""
+    _record(task, "start")
+    if task.attempt == 1:
+        raise ConnectionError("upstream reset")
+    raise ValueError("bad invoice")
+
+
+@registry.handler(
+    "dur.discard_on", ceiling=timedelta(seconds=30), max_attempts=5, discard_on=(ValueError,)
+)
+def discard_on(task: slotd.Task, ctx: slotd.Context) -> None:
+    _record(task, "start")
+    raise ValueError("bad invoice")
+
+
+@registry.handler(
+    "dur.backoff",
+    ceiling=timedelta(seconds=30),
+    max_attempts=3,
+    backoff=lambda attempt, exc: timedelta(seconds=100 * attempt),
+)
+def backoff(task: slotd.Task, ctx: slotd.Context) -> None:
+    _record(task, "start")
+    if task.payload.get("retry_after"):
+        raise slotd.RetryAfter(timedelta(seconds=task.payload["retry_after"]))
+    raise TimeoutError("slow upstream")

@@ -1,12 +1,12 @@
-"""Runs slotd's numbered SQL migrations again, for projects migrated before sql/070 (durable
-steps): a no-op where they are current (see 0002)."""
+"""Runs slotd's numbered SQL migrations again, for projects migrated before sql/071 (durable
+steps, snoozes): a no-op where they are current (see 0002)."""
 
 from django.db import migrations
 
 from slotd.contrib.django.database import apply_slotd_schema
 
 # The newest sql/ migration this Django migration brings (tests/test_django_schema.py).
-SLOTD_SQL_THROUGH = 70
+SLOTD_SQL_THROUGH = 71
 
 
 class Migration(migrations.Migration):
