@@ -13,25 +13,39 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# A loaded machine takes minutes over the smoke profile (220 s seen at load 36); the bound
-# only has to catch a hang.
-@pytest.mark.timeout(900)
-def test_bench_runs_and_writes_figures(tmp_path: Path) -> None:
+# `--quick`: every step of the bench at small counts, peers and pgbench included, so a change
+# that breaks any of them (the pgbench floor stopped binding its parameters once, unseen)
+# fails here. The first run on a machine also builds the peers' venvs (oban's compiles
+# erlpack): minutes. The bound only has to catch a hang.
+@pytest.mark.timeout(1800)
+def test_bench_quick_runs_every_step_and_writes_figures(tmp_path: Path) -> None:
     results, raw = tmp_path / "RESULTS.md", tmp_path / "raw.json"
     results.write_text("## an earlier run\n")
-    cmd = [sys.executable, str(ROOT / "tests" / "bench" / "run.py"), "--profile", "smoke",
-           "--only", "slotd", "--results", str(results), "--json", str(raw)]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=840)
+    cmd = [sys.executable, str(ROOT / "tests" / "bench" / "run.py"), "--quick",
+           "--results", str(results), "--json", str(raw)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1740)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     figures = json.loads(raw.read_text())["results"]
     for section in ("drain", "latency", "idle", "claim_latency", "enqueue", "memory",
-                    "watchdog", "write_variants"):  # fmt: skip
+                    "watchdog", "write_variants", "pgbench"):  # fmt: skip
         assert figures.get(section), section
-    assert all(run["tasks_per_s"] > 0 for runs in figures["drain"].values() for run in runs)
+    for runs in figures["drain"].values():
+        for run in runs:
+            assert run["tasks_per_s"] > 0 and run["pg_cpu_us_per_task"] > 0, run
+            assert run["workers_cpu_us_per_task"] > 0, run
+    for floor in figures["pgbench"].values():  # the one-statement floor ran and drained
+        assert floor["tasks_per_s"] > 0 and floor["pg_cpu_us_per_task"] > 0, floor
+        assert floor["left"] <= 4, floor
+    # Every peer either drained, with its CPU per task, or says why it could not be installed.
+    peers, skipped = figures.get("peers", {}), figures.get("peers_skipped", {})
+    for system in ("procrastinate", "pgqueuer", "oban"):
+        ran = [v for label, v in peers.items() if label.startswith(system)]
+        assert ran or skipped.get(system), system
+        assert all(v["tasks_per_s"] > 0 and v["pg_cpu_us_per_task"] > 0 for v in ran), ran
     assert all(lat["n"] > 0 for lat in figures["latency"].values())
     text = results.read_text()
-    assert "### 1. Drain" in text and "### 7. Watchdog" in text
+    assert "### 1. Drain" in text and "### 7. Watchdog" in text and "floor" in text
 
     assert text.startswith("## an earlier run\n")  # runs are appended, never replaced
 

@@ -5,7 +5,8 @@ Every import of a peer is inside the function that uses it, so this file runs on
 
     peers.py install SYSTEM DSN                          the peer's own schema installation
     peers.py work SYSTEM DSN OUTDIR [KEY=VALUE ...]     runs until SIGTERM
-    peers.py bulk SYSTEM DSN N                           one transaction; prints its commit time
+    peers.py bulk SYSTEM DSN N                           one transaction; prints its commit
+                                                         time, exits when stdin closes
     peers.py paced SYSTEM DSN N RATE                     one transaction per task
 
 SYSTEM is procrastinate, pgqueuer or oban. Workers use each library's own run loop and knobs:
@@ -175,27 +176,33 @@ def work(system: str, dsn: str, knobs: dict[str, int]) -> None:
 
 
 def bulk(system: str, dsn: str, n: int) -> None:
-    async def go() -> float:
+    async def hold() -> None:
+        # The connection stays open until the bench has read the server's CPU: its backend's
+        # share is the producer's, not the workers'.
+        print(f"committed {time.time():.6f}", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+
+    async def go() -> None:
         if system == "procrastinate":
             app = _procrastinate_app(dsn, 2)
             async with app.open_async():
                 await app.tasks["noop"].batch_defer_async(*({"i": i} for i in range(n)))
-                return time.time()
+                await hold()
+            return
         if system == "oban":
             pool, oban = await _oban_client(dsn)
             noop = _oban_noop()
             async with pool.connection() as conn, conn.transaction():
                 await oban.enqueue_many((noop.new({"i": i}) for i in range(n)), conn=conn)
-            done = time.time()
+            await hold()
             await pool.close()
-            return done
+            return
         conn, queries = await _pgq_queries(dsn)
         await queries.enqueue(["noop"] * n, [b"{}"] * n, [0] * n)
-        done = time.time()
+        await hold()
         await conn.close()
-        return done
 
-    print(f"committed {asyncio.run(go()):.6f}", flush=True)
+    asyncio.run(go())
 
 
 def paced(system: str, dsn: str, n: int, rate: float) -> None:

@@ -2,8 +2,8 @@
 for slotd's statements, side by side on one private PostgreSQL, one run.
 
     python tests/bench/run.py            # full run, < 15 min on a 2-core machine
-    python tests/bench/run.py --quick    # ~1 min smoke of everything at small counts
-    python tests/bench/run.py --profile smoke --only slotd --results FILE   # CI, seconds
+    python tests/bench/run.py --quick    # every step at small counts (the suite runs it)
+    python tests/bench/run.py --quick --only slotd   # slotd's steps only, no peers
 
 Appends one section to tests/bench/RESULTS.md per run (never overwrites), so runs sit side
 by side and their noise is visible. The peers are installed (latest from PyPI) into
@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
 import platform
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -96,8 +98,26 @@ PROFILES = {
         3_000,
     ),
     "quick": Profile(1_000, (1, 4), 2, 1_000, (4,), 50, 6, 2, 50_000, 100, 2_000, 1, 500),
-    "smoke": Profile(200, (4,), 1, 0, (), 10, 1, 0.5, 5_000, 20, 500, 1, 100, False),
 }
+
+
+@dataclass(frozen=True)
+class CpuMark:
+    server: float  # every PostgreSQL process's CPU seconds so far
+    ours: dict[int, float]  # the bench's own backends (monitor, producer), by pid
+    workers: dict[int, float]  # the contender's processes, by pid
+
+    def per_task_us(self, before: CpuMark, n: int) -> dict[str, float]:
+        """CPU microseconds per task between two marks: PostgreSQL's for the workers (the
+        bench's own backends taken out; one born in between counts whole) and the
+        workers' own (processes that live through the drain)."""
+        ours = sum(cpu - before.ours.get(pid, 0.0) for pid, cpu in self.ours.items())
+        mine = sum(cpu - before.workers.get(pid, 0.0) for pid, cpu in self.workers.items())
+        return {
+            "pg_cpu_us_per_task": round((self.server - before.server - ours) / n * 1e6),
+            "workers_cpu_us_per_task": round(mine / n * 1e6),
+        }
+
 
 # Environment for every `slotd run`: production defaults except metrics (no port clash).
 DAEMON_ENV = {
@@ -141,6 +161,7 @@ class Bench:
         self.daemons: list[FileLogDaemon] = []
         self.procs: list[subprocess.Popen[Any]] = []
         self.results: dict[str, Any] = {}
+        self.skipped: dict[str, str] = {}  # peer -> why it could not be installed
 
     # set-up
 
@@ -183,6 +204,37 @@ class Bench:
         self.admin.execute("SELECT pg_stat_clear_snapshot()")
         assert row is not None
         return {"t": time.time(), "stmts": row[0], "xacts": row[1]}
+
+    def cpu_mark(self, workers: list[psutil.Process]) -> CpuMark:
+        """CPU seconds so far: the server's (the postmaster, its live children, and the
+        children it has reaped, so a backend that exits mid-drain still counts), less the
+        bench's own backends (this monitor, the producers: role slotd or bench_enq), and the
+        workers' processes'."""
+        pm = self.postmaster
+        t = pm.cpu_times()
+        server = t.user + t.system + t.children_user + t.children_system
+        for child in pm.children():
+            with contextlib.suppress(psutil.Error):
+                c = child.cpu_times()
+                server += c.user + c.system
+        ours: dict[int, float] = {}
+        for (pid,) in self.admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE usename IN ('slotd', 'bench_enq')"
+        ).fetchall():
+            with contextlib.suppress(psutil.Error):
+                c = psutil.Process(pid).cpu_times()
+                ours[pid] = c.user + c.system
+        self.admin.execute("SELECT pg_stat_clear_snapshot()")
+        mine: dict[int, float] = {}
+        for proc in workers:
+            with contextlib.suppress(psutil.Error):
+                c = proc.cpu_times()
+                mine[proc.pid] = c.user + c.system
+        return CpuMark(server, ours, mine)
+
+    @functools.cached_property
+    def postmaster(self) -> psutil.Process:
+        return psutil.Process(int((self.pg.datadir / "postmaster.pid").read_text().split()[0]))
 
     def reset_stats(self) -> None:
         self.admin.execute("SELECT pg_stat_statements_reset()")
@@ -249,14 +301,18 @@ class Bench:
         return time.time()
 
     def drain_slotd(self, d: Daemon, n: int) -> dict[str, Any]:
+        procs = [psutil.Process(d.pid), *d.tree()]
         self.reset_stats()
         s0 = self.counters()
+        c0 = self.cpu_mark(procs)
         t0 = self.enqueue_bulk(n)
         t1 = self.wait_empty("slotd_tasks")
+        c1 = self.cpu_mark(procs)
         s1 = self.counters()
         return {
             "tasks_per_s": round(n / (t1 - t0), 1),
             "stmts_per_task": round((s1["stmts"] - s0["stmts"]) / n, 3),
+            **c1.per_task_us(c0, n),
             "mix": self.mix(n),
         }
 
@@ -513,6 +569,8 @@ class Bench:
             n = self.p.drain_n
             self.enqueue_bulk(n)
             self.reset_stats()
+            c0 = self.cpu_mark([])
+            ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             per_client = math.ceil(n / conc) + 5
             cmd = [
                 str(find_bindir() / "pgbench"),
@@ -536,7 +594,7 @@ class Bench:
                 "-D",
                 "margin=30",
                 "-D",
-                "id=0",
+                "id=0",  # no such task: the first statement settles nothing
                 "-D",
                 "lease_token=00000000-0000-0000-0000-000000000000",
                 "-h",
@@ -548,13 +606,23 @@ class Bench:
                 DB,
             ]
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            c1 = self.cpu_mark([])
+            ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            client = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
             m = re.search(r"tps = ([\d.]+) \(without initial connection time\)", res.stdout)
             left = self.remaining("slotd_tasks")
             if res.returncode != 0 or not m:
                 raise RuntimeError(f"pgbench failed: {res.stderr[-800:]}")
             tx = per_client * conc
             tps = float(m.group(1)) * (n - left) / tx
-            out[str(conc)] = {"tasks_per_s": round(tps, 1), "left": left, "mix": self.mix(n, 4)}
+            done = max(1, n - left)
+            out[str(conc)] = {
+                "tasks_per_s": round(tps, 1),
+                "left": left,
+                "pg_cpu_us_per_task": c1.per_task_us(c0, done)["pg_cpu_us_per_task"],
+                "workers_cpu_us_per_task": round(client / done * 1e6),  # pgbench itself
+                "mix": self.mix(n, 4),
+            }
             log(f"  pgbench ceiling c={conc}: {out[str(conc)]['tasks_per_s']} tasks/s")
         self.results["pgbench"] = out
         self.results["pgbench_cmd"] = " ".join(cmd[:-9] + ["..."])
@@ -563,8 +631,13 @@ class Bench:
 
     def bench_peers(self) -> None:
         for system in _PEER_LEFT:
+            if system in self.skipped:
+                continue
             install = [_peer_python(system), str(HERE / "peers.py"), "install", system]
-            subprocess.run([*install, self.url("bench")], check=True)
+            res = subprocess.run([*install, self.url("bench")], capture_output=True, text=True)
+            if res.returncode != 0:
+                tail = (res.stderr.strip().splitlines() or ["?"])[-1]
+                self.skipped[system] = f"its schema install failed: {tail}"
         # (label, system, knobs, also measure start latency and idle cost on this worker)
         runs = [
             ("procrastinate concurrency=4", "procrastinate", ["conc=4"], True),
@@ -581,12 +654,18 @@ class Bench:
         lats: dict[str, Any] = {}
         idle: dict[str, Any] = {}
         for label, system, knobs, paced in runs:
+            if system in self.skipped:
+                continue
             py = _peer_python(system)
             self._clean_peers()
-            with self.peer(system, knobs) as outdir:
+            with self.peer(system, knobs) as (outdir, worker):
+                procs = [worker, *worker.children(recursive=True)]
                 self.reset_stats()
                 s0 = self.counters()
-                res = subprocess.run(
+                c0 = self.cpu_mark(procs)
+                # The producer keeps its connection until the drain is counted, so its
+                # backend's CPU is still there to be taken out of the server's.
+                bulk = subprocess.Popen(
                     [
                         py,
                         str(HERE / "peers.py"),
@@ -594,17 +673,26 @@ class Bench:
                         system,
                         self.url("bench_enq"),
                         str(self.p.peer_n),
-                    ],
-                    capture_output=True,
+                    ],  # fmt: skip
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
                     text=True,
-                    check=True,
                 )
-                t0 = float(res.stdout.split()[-1])
+                assert bulk.stdout is not None and bulk.stdin is not None
+                line = bulk.stdout.readline()
+                if not line.startswith("committed "):
+                    bulk.wait(60)
+                    raise RuntimeError(f"{system}: the bulk enqueue failed")
+                t0 = float(line.split()[-1])
                 t1 = self.wait_empty(*_PEER_LEFT[system])
+                c1 = self.cpu_mark(procs)
                 s1 = self.counters()
+                bulk.stdin.close()
+                bulk.wait(60)
                 drains[label] = {
                     "tasks_per_s": round(self.p.peer_n / (t1 - t0), 1),
                     "stmts_per_task": round((s1["stmts"] - s0["stmts"]) / self.p.peer_n, 3),
+                    **c1.per_task_us(c0, self.p.peer_n),
                     "mix": self.mix(self.p.peer_n, 4),
                 }
                 log(f"  {label}: {drains[label]}")
@@ -632,6 +720,7 @@ class Bench:
                     idle[f"{label}, 1 worker"] = self.idle_window()
                     log(f"  {label} idle: {idle[f'{label}, 1 worker']}")
         self.results["peers"] = drains
+        self.results["peers_skipped"] = dict(self.skipped)
         self.results.setdefault("latency", {}).update(lats)
         self.results.setdefault("idle", {}).update(idle)
 
@@ -644,14 +733,18 @@ class Bench:
         # oban keeps finished jobs (its pruner deletes them after a day); its leader and
         # producer rows belong to a running worker, so they go only with the workers.
         oban = "oban_jobs" if keep_workers else "oban_jobs, oban_leaders, oban_producers"
-        self.admin.execute(
-            "TRUNCATE procrastinate_jobs, procrastinate_events, pgqueuer, pgqueuer_log, "
-            f"{oban} CASCADE"
-        )
+        tables = {
+            "procrastinate": "procrastinate_jobs, procrastinate_events",
+            "pgqueuer": "pgqueuer, pgqueuer_log",
+            "oban": oban,
+        }
+        installed = [t for system, t in tables.items() if system not in self.skipped]
+        if installed:
+            self.admin.execute(f"TRUNCATE {', '.join(installed)} CASCADE")
         self.admin.execute("CHECKPOINT")
 
     @contextlib.contextmanager
-    def peer(self, system: str, knobs: list[str]) -> Iterator[Path]:
+    def peer(self, system: str, knobs: list[str]) -> Iterator[tuple[Path, psutil.Process]]:
         outdir = Path(tempfile.mkdtemp(prefix="peer-", dir=self.tmp))
         p = subprocess.Popen(
             [
@@ -674,7 +767,7 @@ class Bench:
             raise RuntimeError(f"{system} worker did not start")
         time.sleep(2.0)  # LISTEN and registration done
         try:
-            yield outdir
+            yield outdir, psutil.Process(p.pid)
         finally:
             _stop_group(p)
             self.procs.remove(p)
@@ -744,44 +837,49 @@ class _Unbounded(Repository):
 
 
 def pgbench_script() -> str:
-    """slotd's own claim and dequeue, rewritten for pgbench's :variables. pgbench cannot
-    keep a discovery batch between transactions, so the claim's candidate list is the
-    discovery statement itself, inlined: one statement still claims one row."""
+    """slotd's one-statement floor for pgbench: the fenced delete of the task just run and
+    the single-row claim of the next, in one statement (sql `dequeue_claim`, what a slot
+    sends per task once a backlog flows). pgbench cannot keep a discovery batch between
+    transactions, so the claim's candidate list is the discovery statement itself, inlined:
+    one statement per task, one row claimed. Built from the statements as loaded, so a
+    change to them changes the floor (and a parameter this script cannot bind fails the
+    bench's smoke in the suite, tests/test_bench_smoke.py)."""
     s = statements()
-    unlimited = {  # an unlimited registry's limit arrays, and the default step's window
+    unlimited = {  # an unlimited, unrated registry's arrays, and the default step's window
         "%(limited)s": "'{}'",
         "%(max_running)s": "'{}'",
         "%(max_per_group)s": "'{}'",
         "%(settling)s": "NULL",
         "%(settling_token)s": "NULL",
+        "%(rated)s": "'{}'",
+        "%(rate_n)s": "'{}'",
+        "%(group_rate_n)s": "'{}'",
         "%(lead_s)s": "100",
     }
-    discover = (
-        s["discover"]
-        .replace("SELECT d.id, d.task_type\nFROM", "SELECT d.id\nFROM")
-        .replace("%(types)s", ":types")
-        .replace("%(limit)s", "20")
-    )
+    # The candidates only: discovery's first branch (its second reports full rate windows,
+    # which an unrated registry never has), reduced to the ids.
+    head, sep, _ = s["discover"].partition("\nUNION ALL\n")
+    assert sep and head.startswith("(SELECT d.id, d.task_type, "), "discovery changed shape"
+    discover = "SELECT d.id " + head[1:].rstrip().removesuffix(")").split("\n", 1)[1]
+    discover = discover.replace("%(types)s", ":types").replace("%(limit)s", "20")
+    statement = s["dequeue_claim"].replace("%(ids)s::bigint[]", f"ARRAY({discover})")
     for name, value in unlimited.items():
-        discover = discover.replace(name, value)
-    claim = s["claim"]
-    for name, value in unlimited.items():
-        claim = claim.replace(name, value)
-    claim = (
-        claim.replace("%(ids)s::bigint[]", f"ARRAY({discover})")
-        .replace("%(types)s", ":types")
+        statement = statement.replace(name, value)
+    statement = (
+        statement.replace("%(types)s", ":types")
         .replace("%(ceilings_s)s", ":ceilings")
         .replace("%(max_attempts)s", ":types_max_attempts")
         .replace("%(margin_s)s", ":margin")
         .replace("%(lease_token)s::uuid", "NULL::uuid")
-        .replace("%(token)s::uuid", "gen_random_uuid()")
+        # The previous transaction's claim, as \aset left it: empty when it found none.
+        .replace("%(id)s", "nullif(:id, '')::bigint")
+        .replace("%(done_token)s::uuid", "nullif(:lease_token, '')::uuid")
     )
-    dequeue = s["dequeue"].replace("%(id)s", ":id").replace("%(token)s", ":lease_token")
-    assert "%(" not in claim + dequeue, "a parameter pgbench cannot bind"
-    assert "SELECT d.id\nFROM" in claim, "discovery no longer yields the ids alone"
-    # \aset, not \gset: a claim that finds nothing assigns nothing instead of aborting, and
-    # the dequeue then matches no row (the previous task's id is already gone).
-    return f"{claim}\n\\aset\n{dequeue};\n"
+    assert "%(" not in statement, "a parameter pgbench cannot bind: " + str(
+        sorted(set(re.findall(r"%\((\w+)\)s", statement)))
+    )
+    # \aset: the claimed row's columns become :id and :lease_token for the next statement.
+    return f"{statement}\n\\aset\n"
 
 
 # helpers
@@ -850,27 +948,46 @@ def _python312() -> str:
         check = "import sys; sys.exit(sys.version_info < (3, 12))"
         if subprocess.run([found, "-c", check], capture_output=True).returncode == 0:
             return found
-    raise SystemExit("oban needs Python >= 3.12: none on PATH or in pyenv (or use --only slotd)")
+    raise PeerUnavailable("oban-py needs Python >= 3.12: none on PATH or in pyenv")
 
 
-def ensure_venv() -> dict[str, str]:
-    """Both peer venvs, created on first use, peers upgraded to the latest on every run."""
+class PeerUnavailable(Exception):
+    """A peer that cannot be installed here: reported as skipped, with this reason."""
+
+
+def ensure_venv() -> tuple[dict[str, str], dict[str, str]]:
+    """Both peer venvs, created on first use, peers upgraded to the latest on every run.
+    Returns the versions installed and, per peer that could not be, why."""
     versions: dict[str, str] = {}
+    skipped: dict[str, str] = {}
     for venv, base, pkgs, wanted in (
         (VENV, sys.executable, PEER_PKGS, ("procrastinate", "pgqueuer", "asyncpg")),
         (VENV_OBAN, None, OBAN_PKGS, ("oban",)),
     ):
         py = str(venv / "bin" / "python")
-        if not Path(py).exists():
-            subprocess.run([base or _python312(), "-m", "venv", str(venv)], check=True)
-        subprocess.run([py, "-m", "pip", "install", "-q", "--upgrade", *pkgs], check=True)
+        peers = [w for w in wanted if w in _PEER_LEFT]
+        try:
+            if not Path(py).exists():
+                subprocess.run([base or _python312(), "-m", "venv", str(venv)], check=True)
+            res = subprocess.run(
+                [py, "-m", "pip", "install", "-q", "--upgrade", *pkgs],
+                capture_output=True,
+                text=True,
+            )
+            if res.returncode != 0:
+                tail = (res.stderr.strip().splitlines() or ["?"])[-1]
+                raise PeerUnavailable(f"pip install {' '.join(pkgs)} failed: {tail}")
+        except (PeerUnavailable, OSError, subprocess.CalledProcessError) as e:
+            skipped.update(dict.fromkeys(peers, str(e)))
+            log(f"  skipped {', '.join(peers)}: {e}")
+            continue
         freeze = subprocess.run([py, "-m", "pip", "freeze"], capture_output=True, text=True)
         versions.update(
             line.split("==", 1)
             for line in freeze.stdout.splitlines()
             if line.split("==")[0] in wanted
         )
-    return versions
+    return versions, skipped
 
 
 # the report
@@ -898,33 +1015,54 @@ def render(r: dict[str, Any], header: dict[str, Any]) -> str:
         lines += [
             "### 1. Drain (no-op tasks, bulk-enqueued into idle workers)",
             "",
-            "| slots | slotd tasks/s (each drain) | stmts/task | pgbench ceiling tasks/s | "
-            "slotd (median) / ceiling |",
-            "|---|---|---|---|---|",
+            "CPU µs/task: PostgreSQL's (every server process, the bench's own backends taken "
+            "out) and the workers' own processes' (slotd: supervisor, slots, runners; the "
+            "floor: pgbench).",
+            "",
+            "| slots | slotd tasks/s (each drain) | stmts/task | PG µs/task | slotd µs/task | "
+            "one-statement floor (pgbench) tasks/s | floor PG µs/task | slotd (median) / floor |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for slots, runs in drain.items():
             tps = [x["tasks_per_s"] for x in runs]
             ceil = ceiling.get(slots, {}).get("tasks_per_s")
             ratio = f"{statistics.median(tps) / ceil:.2f}" if ceil else "–"
+            pg_us = statistics.median(x.get("pg_cpu_us_per_task", math.nan) for x in runs)
+            own_us = statistics.median(x.get("workers_cpu_us_per_task", math.nan) for x in runs)
+            floor_pg = ceiling.get(slots, {}).get("pg_cpu_us_per_task")
             lines.append(
                 f"| {slots} | {' / '.join(f'{x:,.0f}' for x in tps)} | "
-                f"{runs[0]['stmts_per_task']:.2f} | {f'{ceil:,.0f}' if ceil else '–'} | {ratio} |"
+                f"{runs[0]['stmts_per_task']:.2f} | {pg_us:,.0f} | {own_us:,.0f} | "
+                f"{f'{ceil:,.0f}' if ceil else '–'} | "
+                f"{f'{floor_pg:,.0f}' if floor_pg is not None else '–'} | {ratio} |"
+            )
+        extra = [c for c in ceiling if c not in drain]
+        for conc in extra:
+            v = ceiling[conc]
+            lines.append(
+                f"| {conc} | – | – | – | – | {v['tasks_per_s']:,.0f} | "
+                f"{v.get('pg_cpu_us_per_task', '–')} | – |"
             )
         # Ratios on the median drain: one stalled drain (autovacuum, a neighbour's burst)
         # must not decide the comparison.
         at4 = [x["tasks_per_s"] for x in drain.get("4", [])]
         first4 = statistics.median(at4) if at4 else None
-        if peers and first4:
+        if (peers or r.get("peers_skipped")) and first4:
             lines += [
                 "",
-                "| peer (same run) | tasks/s | stmts/task | slotd@4 (median) / peer |",
-                "|---|---|---|---|",
+                "| peer (same run, same server) | tasks/s | stmts/task | PG µs/task | "
+                "worker µs/task | slotd@4 (median) / peer |",
+                "|---|---|---|---|---|---|",
             ]
             for label, v in peers.items():
                 lines.append(
                     f"| {label} | {v['tasks_per_s']:,.0f} | {v['stmts_per_task']:.2f} | "
+                    f"{v.get('pg_cpu_us_per_task', '–')} | "
+                    f"{v.get('workers_cpu_us_per_task', '–')} | "
                     f"{first4 / v['tasks_per_s']:.2f} |"
                 )
+            for system, why in r.get("peers_skipped", {}).items():
+                lines.append(f"| {system}: skipped ({why}) | – | – | – | – | – |")
         off = r.get("drain_sync_off_4")
         if off:
             lines += [
@@ -1042,10 +1180,10 @@ def main() -> int:
     profile = PROFILES[name]
     started = time.time()
     versions: dict[str, str] = {}
+    bench = Bench(profile, a.synchronous_commit, a.results)
     if a.only == "all":
         log("peers: installing the latest procrastinate, pgqueuer and oban (tests/bench/.work/)")
-        versions = ensure_venv()
-    bench = Bench(profile, a.synchronous_commit, a.results)
+        versions, bench.skipped = ensure_venv()
 
     def on_term(*_: Any) -> None:
         raise KeyboardInterrupt
