@@ -371,9 +371,13 @@ WITH input AS (
     DO NOTHING
     RETURNING id, run_at
 ), wake AS (
+    -- A delayed row wakes a slot too: its discovery finds nothing due yet but says when it
+    -- will be (see `discover`), and the supervisor sets its timer for then, instead of the
+    -- row waiting for the next poll tick. A dependant (run_at 'infinity') is woken by its
+    -- last parent's settlement, not here.
     SELECT count(*) AS sent FROM (
         SELECT pg_notify('slotd_wake', '')
-        FROM (SELECT 1 FROM ins WHERE ins.run_at <= now() LIMIT 1) due
+        FROM (SELECT 1 FROM ins WHERE ins.run_at < 'infinity' LIMIT 1) due
     ) sent
 )
 SELECT i.ord, coalesce(e.id, n.id) AS id, i.task_type, i.key
@@ -408,9 +412,15 @@ FOR SHARE OF t
 -- replica does not serve, and of types closed right now (type_open), are never read.
 -- The key (order_at, id) appears inside and outside the LATERAL. DISTINCT: a type listed
 -- twice still yields its rows once. tests/test_repository.py pins the plan.
--- After the candidates (id NULL): per served type whose rate window (or one of its groups')
--- is full, in how many seconds it has room again, the slot's next wake when it found
--- nothing (slotd.wake): a rate's end is not announced by any notification.
+-- After the candidates, rows with id NULL say when to look again (the slot's next wake when
+-- it found nothing, slotd.supervisor.wake): per served type whose rate window (or one of
+-- its groups') is full, in how many seconds it has room again (a rate's end is announced by
+-- no notification); per served type, in how many seconds its next row not yet due (a delay,
+-- a backoff) is due, one step down slotd_tasks_due_by_type (no notification announces a
+-- row becoming due either: without this an idle fleet started it at its next poll tick);
+-- and, with task_type NULL, in how many seconds the soonest task no lease holds reaches its
+-- expires_at (negative: past it already), for the supervisor's expiry sweep (any type: the
+-- sweep is the fleet's). Their own aliases (n, x): `t` is the candidates' scan.
 (SELECT d.id, d.task_type, NULL::float8 AS wait_s
  FROM (SELECT DISTINCT s.task_type FROM unnest(%(types)s::text[]) AS s(task_type)
        WHERE {type_open}) served
@@ -429,6 +439,23 @@ FROM slotd_rate_windows w
 WHERE w.free_at > now() AND w.task_type = ANY(%(rated)s::text[])
   AND w.task_type = ANY(%(types)s::text[])
 GROUP BY w.task_type
+UNION ALL
+SELECT NULL, served.task_type, extract(epoch FROM nd.run_at - now())::float8
+FROM (SELECT DISTINCT s.task_type FROM unnest(%(types)s::text[]) AS s(task_type)) served
+CROSS JOIN LATERAL (
+    SELECT n.run_at FROM slotd_tasks n
+    WHERE n.task_type = served.task_type AND n.attempt_count < n.max_attempts
+      AND n.run_at > now() AND n.run_at < 'infinity'
+    ORDER BY n.run_at
+    LIMIT 1
+) nd
+UNION ALL
+(SELECT NULL, NULL, extract(epoch FROM x.expires_at - now())::float8
+ FROM slotd_tasks x
+ WHERE x.expires_at IS NOT NULL AND x.attempt_count < x.max_attempts
+   AND NOT (x.lease_expires_at IS NOT NULL AND x.lease_expires_at > now())
+ ORDER BY x.expires_at
+ LIMIT 1)
 
 -- fragment: claim_ctes
 -- MATERIALIZED, not a FROM-subquery: a subquery may be rescanned once per outer tuple of a
@@ -1005,19 +1032,37 @@ WHERE {dead} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
        OR {retired_at} < now() - make_interval(secs => %(older_than_s)s))
 
 -- name: replica_heartbeat
-INSERT INTO slotd_replicas AS r
-    (replica_id, hostname, pid, slots, task_types, leases, limits, version, migration)
-VALUES (%(replica_id)s, %(hostname)s, %(pid)s, %(slots)s, %(task_types)s, %(leases)s::jsonb,
-        %(limits)s::jsonb, %(version)s, %(migration)s)
-ON CONFLICT (replica_id) DO UPDATE
-SET seen_at = now(), slots = excluded.slots, task_types = excluded.task_types,
-    leases = excluded.leases, limits = excluded.limits, version = excluded.version,
-    migration = excluded.migration
+-- The replica's one periodic statement: its row (who it is, which slot holds which lease),
+-- and two readings handed back to its supervisor, so an idle replica sends nothing else
+-- between its discoveries (tests/bench/idle_cost.py). lapse_s: seconds until the soonest
+-- final attempt's lease lapses (negative: lapsed; NULL: none), the lapse sweep's cue
+-- (slotd/lifecycle/, "lapsed"): it reads the leases through slotd_tasks_leased_group as the
+-- sweep did each heartbeat, and the sweep's writes now run only when one has lapsed. The
+-- horizon's holder (fragment horizon_holders) when %(horizon)s, else no row of it (a one-time
+-- filter: the views are not read).
+WITH beat AS (
+    INSERT INTO slotd_replicas AS r
+        (replica_id, hostname, pid, slots, task_types, leases, limits, version, migration)
+    VALUES (%(replica_id)s, %(hostname)s, %(pid)s, %(slots)s, %(task_types)s,
+            %(leases)s::jsonb, %(limits)s::jsonb, %(version)s, %(migration)s)
+    ON CONFLICT (replica_id) DO UPDATE
+    SET seen_at = now(), slots = excluded.slots, task_types = excluded.task_types,
+        leases = excluded.leases, limits = excluded.limits, version = excluded.version,
+        migration = excluded.migration
+    RETURNING r.replica_id
+)
+SELECT (SELECT count(*) FROM beat) AS beat,
+       (SELECT extract(epoch FROM min(t.lease_expires_at) - now())::float8
+        FROM slotd_tasks t
+        WHERE t.lease_token IS NOT NULL AND t.attempt_count >= t.max_attempts) AS lapse_s,
+       h.kind, h.pid, h.who, h.state, h.age_s, h.xids
+FROM (SELECT 1) AS one
+LEFT JOIN (SELECT * FROM ({horizon_holders}) hh WHERE %(horizon)s) h ON true
 
 -- name: replica_gone
 DELETE FROM slotd_replicas WHERE replica_id = %(replica_id)s
 
--- name: horizon_holder
+-- fragment: horizon_holders
 -- What holds back the database's xmin horizon the longest: the session, replication slot or
 -- prepared transaction with the oldest xmin (this session aside). While one does, vacuum can
 -- remove nothing that died after it began, and every finished task's index entries stay in
@@ -1049,6 +1094,10 @@ FROM (
 ) holders
 ORDER BY xids DESC, age_s DESC NULLS LAST
 LIMIT 1
+
+-- name: horizon_holder
+-- `slotd status`'s reading; a replica reads it with its heartbeat (replica_heartbeat).
+{horizon_holders}
 
 -- name: replicas
 -- A replica heartbeats every SLOTD_HEARTBEAT_INTERVAL (30 s, always under a minute); one

@@ -56,7 +56,7 @@ def test_a_rate_starts_n_per_window_and_the_next_once_the_oldest_leaves_it(
     assert claim(repo, reg) is None  # the window holds 3 starts
     # Discovery passes the type over and says when it has room: ~60 s after the first.
     assert repo.discover(reg.types, 20, reg.concurrency_limits, rates=reg.rates) == []
-    assert repo.rate_wait_s is not None and 55 < repo.rate_wait_s <= 60
+    assert repo.wake_in_s is not None and 55 < repo.wake_in_s <= 60
     # Work waiting on its own rate is not waiting on the fleet (the starvation alert).
     conn.execute("UPDATE slotd_tasks SET run_at = run_at - interval '1 hour',"
                  " order_at = order_at - interval '1 hour' WHERE lease_token IS NULL")  # fmt: skip
@@ -81,7 +81,7 @@ def test_the_window_slides_one_start_at_a_time(
     assert claim(repo, reg) is not None
     assert claim(repo, reg) is None
     repo.discover(reg.types, 20, reg.concurrency_limits, rates=reg.rates)
-    assert repo.rate_wait_s is not None and 15 < repo.rate_wait_s <= 20
+    assert repo.wake_in_s is not None and 15 < repo.wake_in_s <= 20
     age_starts(conn, 21)
     assert claim(repo, reg) is not None
     assert claim(repo, reg) is None

@@ -169,12 +169,30 @@ def test_committed_enqueue_of_1000_rows_sends_one_notification(db_url: str) -> N
         assert len(list(listener.notifies(timeout=0.5))) == 1
 
 
-def test_delayed_enqueue_wakes_nobody(db_url: str) -> None:
+def test_a_delayed_enqueue_wakes_a_slot_whose_discovery_says_when_it_is_due(
+    db_url: str, repo: Repository
+) -> None:
+    """No notification announces a row becoming due, so the enqueue of a delayed row wakes
+    a slot at once: its discovery finds nothing due yet, and says in how many seconds the
+    type's next row is (the supervisor's timer for it, slotd.supervisor.wake)."""
     with psycopg.connect(db_url, autocommit=True) as listener, psycopg.connect(db_url) as producer:
         listener.execute("LISTEN slotd_wake")
         slotd.enqueue(producer, "plain", delay=timedelta(minutes=30))
+        slotd.enqueue(producer, "plain", delay=timedelta(minutes=40))
+        assert list(listener.notifies(timeout=0.2)) == []  # not before commit
         producer.commit()
-        assert list(listener.notifies(timeout=0.3)) == []
+        assert len(list(listener.notifies(timeout=0.5))) == 1  # one for the transaction
+    assert repo.discover(["plain", "other"]) == []
+    assert repo.wake_in_s is not None and 29 * 60 < repo.wake_in_s <= 30 * 60
+    assert repo.sweep_in_s is None  # nothing expires
+    expiring = slotd.enqueue(repo.write, "other", expires_in=timedelta(seconds=90))
+    assert repo.discover(["plain"]) == [] and repo.sweep_in_s is not None
+    assert 80 < repo.sweep_in_s <= 90  # the expiry sweep's cue: any type
+    repo.write.execute(
+        "UPDATE slotd_tasks SET expires_at = now() - interval '1 s' WHERE id = %s", (expiring,)
+    )
+    repo.discover(["plain"])
+    assert repo.sweep_in_s is not None and repo.sweep_in_s < 0  # past: sweep now
 
 
 def test_backoff_doubles_from_15s_and_caps_at_10m(

@@ -99,17 +99,20 @@ nothing, and is told so (`lost`).
   never call back. The lapse sweep (`sweep`) writes it: the lease cleared, dead_reason
   'exhausted' (a cancelled attempt keeps 'cancelled'), the attempts it ran, an error naming
   the lapse, its dependants cancelled and its batch counted (sql `lapsed`), in one
-  statement. It runs with the expiry sweep once a heartbeat interval, not every poll: it
-  reads every lease, and behind a held xmin the leases' index keeps an entry for every task
-  finished since (50 ms a pass at 100k), while a lapse has waited ceiling + margin already
-  and 30 s more changes nothing for it. Counted as outcome `crashed` (`cancelled` for a cancelled
+  statement. It runs when a heartbeat has seen a final attempt's lease lapse (the
+  heartbeat's statement reads the soonest one, sql `replica_heartbeat`), so at most once a
+  heartbeat interval and never while none has lapsed: reading the leases costs (behind a
+  held xmin the leases' index keeps an entry for every task finished since, 50 ms a pass at
+  100k), while a lapse has waited ceiling + margin already and 30 s more changes nothing
+  for it. Counted as outcome `crashed` (`cancelled` for a cancelled
   attempt) by the replica whose sweep settled it. A holder still alive past its lease has
   lost it already (it retries a settlement only while its lease lasts): the sweep clears
   the token its late write is fenced on, and that write is `lost`.
 - expired: a task enqueued with expires_in is never started after its expires_at: the
   claim's claimable predicate refuses it from that instant, by the database's clock, so no
-  sweep has to be on time for the rule to hold. The expiry sweep (`expire`, on every
-  replica's chores thread each poll interval, all types, a batch per statement) then makes
+  sweep has to be on time for the rule to hold. The expiry sweep (`expire`, on a
+  replica's chores thread when the soonest expiry its slots' discoveries saw has come, all
+  types, a batch per statement; slotd/supervisor/sweep_timer.py) then makes
   each such task no lease holds a dead letter (dead_reason 'expired', sql `expire`), so it
   leaves the discovery index instead of being passed over at every discovery, and
   slotd.result answers "expired". A running attempt has started and is left to end; if it

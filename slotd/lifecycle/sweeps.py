@@ -1,6 +1,7 @@
-"""The sweeps every replica's chores thread runs each poll interval: the expiry sweep
-(`expire`, the rule book's "expired") and the lapse sweep (`lapse`, "lapsed"), both in
-`sweep`; what they ended, and what each counts as (`Swept`)."""
+"""The sweeps a replica's chores thread runs when there is something to sweep (when, is
+slotd/supervisor/sweep_timer.py's): the expiry sweep (`expire`, the rule book's "expired")
+and the lapse sweep (`lapse`, "lapsed"), both in `sweep`; what they ended, and what each
+counts as (`Swept`)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,12 @@ class Swept:
     expired: dict[str, int]
     lapsed: dict[tuple[str, str], int]
 
+    @property
+    def full(self) -> bool:
+        """It stopped at its bound (EXPIRE_ROUNDS full batches): more may be left to sweep."""
+        bound = EXPIRE_ROUNDS * EXPIRE_BATCH
+        return sum(self.expired.values()) >= bound or sum(self.lapsed.values()) >= bound
+
     def outcomes(self) -> list[tuple[str, Outcome, int]]:
         """What each swept task counts as in the outcome tally: (type, outcome, n)."""
         counted = [(t, Outcome.EXPIRED, n) for t, n in self.expired.items()]
@@ -45,9 +52,9 @@ class Swept:
 
 
 def sweep(repo: Repository, lapses: bool = True) -> Swept:
-    """The expiry sweep, one chore each poll interval on every replica, and with it the
-    lapse sweep when `lapses` (once a heartbeat interval: see "lapsed"). FOR UPDATE SKIP
-    LOCKED shares the rows out, so a fleet sweeps each row once."""
+    """The expiry sweep, a chore of every replica when a task's expiry has come, and with
+    it the lapse sweep when `lapses` (a heartbeat saw a final attempt's lease lapse: see
+    "lapsed"). FOR UPDATE SKIP LOCKED shares the rows out, so a fleet sweeps each row once."""
     return Swept(expire(repo), lapse(repo) if lapses else {})
 
 

@@ -34,7 +34,7 @@ from slotd.repository.control import (
 )
 from slotd.repository.dashboard import DashboardReads
 from slotd.repository.dependencies import DependencyStore, UnknownParents
-from slotd.repository.fleet import Fleet
+from slotd.repository.fleet import Beat, Fleet
 from slotd.repository.lanes import Lanes
 from slotd.repository.named import _BLOCK as _BLOCK
 from slotd.repository.named import _SPLICE as _SPLICE
@@ -103,6 +103,7 @@ __all__ = [
     "AsyncExecutor",
     "BatchInFlight",
     "BatchState",
+    "Beat",
     "BatchStore",
     "CancelledTask",
     "Claimed",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -12,6 +13,16 @@ from slotd.repository.lanes import Lanes
 from slotd.repository.named import _dicts, _sql
 from slotd.repository.queue import Limits
 from slotd.repository.schema import newest_migration
+
+HORIZON_COLUMNS = ("kind", "pid", "who", "state", "age_s", "xids")
+
+
+@dataclass(frozen=True)
+class Beat:
+    """What a heartbeat read besides writing the replica's row (sql replica_heartbeat)."""
+
+    lapse_s: float | None  # until the soonest final attempt's lease lapses (None: no lease)
+    horizon: dict[str, Any] | None  # the horizon's holder, when asked for and there is one
 
 
 class Fleet(Lanes):
@@ -31,8 +42,10 @@ class Fleet(Lanes):
         task_types: list[str],
         leases: Mapping[int, int] | None = None,
         limits: Limits | None = None,
-    ) -> None:
-        """`leases`: task id -> the slot number holding it, for the dashboard."""
+        horizon: bool = False,
+    ) -> Beat:
+        """`leases`: task id -> the slot number holding it, for the dashboard. `horizon`:
+        read who holds back vacuum in the same statement."""
         params = {
             "replica_id": replica_id,
             "hostname": hostname,
@@ -45,9 +58,13 @@ class Fleet(Lanes):
             # guard of `slotd migrate` read them (sql/013).
             "version": _version(),
             "migration": newest_migration(),
+            "horizon": horizon,
         }
         # Bounded like every queue write: a heartbeat stuck behind a lock must end.
-        self._write("replica_heartbeat", params)
+        _, rows = self._write("replica_heartbeat", params)
+        _, lapse_s, *holder = rows[0]
+        found = dict(zip(HORIZON_COLUMNS, holder, strict=True)) if holder[0] else None
+        return Beat(lapse_s, found)
 
     def record_outcomes(self, rows: Sequence[tuple[datetime, str, str, int]]) -> None:
         """Add (minute, type, outcome, count) rows to the dashboard's last-hour record."""

@@ -42,9 +42,11 @@ class Lanes:
         # The type of every candidate of the last discovery: a claim locks the limits of
         # the limited types among its candidates only, so unlimited work never waits.
         self._candidate_types: dict[int, str] = {}
-        # Seconds until a full rate window of a served type has room again, from the last
-        # discovery (None: none full): the slot's next wake when it found nothing.
-        self.rate_wait_s: float | None = None
+        # From the last discovery (QueueProtocol.discover): seconds until a served type has
+        # room in its full rate window or its next row not yet due is due (the slot's next
+        # wake when it found nothing), and until the soonest expiry (the next sweep).
+        self.wake_in_s: float | None = None
+        self.sweep_in_s: float | None = None
         self.synchronous_commit = synchronous_commit
         self._claim_arrays: Any = None  # the registry's ClaimShape (repository.queue)
         self.read = read or write

@@ -178,8 +178,10 @@ class QueueProtocol(Lanes):
         """Candidate ids in delivery order (ordering key, then id), passing over rows that
         their type's or group's limit or rate holds back right now; from the read lane, or
         from the primary after a read-lane discovery whose candidates were all gone there.
-        `rate_wait_s` is then the seconds until a full rate window of a served type has
-        room again (None: none is full)."""
+        Then `wake_in_s`: the seconds until a served type has room again in its full rate
+        window or its next row not yet due is due, whichever is first (None: neither);
+        `sweep_in_s`: the seconds until the soonest unleased task's expires_at, negative
+        when past (None: no task expires)."""
         params = {
             "types": list(types),
             "limit": limit,
@@ -188,8 +190,10 @@ class QueueProtocol(Lanes):
         }
         conn = self.write if on_primary else self.read
         rows = conn.execute(_sql("discover", self.schema), params).fetchall()
-        waits = [wait for task_id, _, wait in rows if task_id is None]
-        self.rate_wait_s = min(waits) if waits else None
+        waits = [wait for task_id, kind, wait in rows if task_id is None and kind is not None]
+        self.wake_in_s = min(waits) if waits else None
+        sweeps = [wait for task_id, kind, wait in rows if task_id is None and kind is None]
+        self.sweep_in_s = sweeps[0] if sweeps else None
         found = [(task_id, task_type) for task_id, task_type, _ in rows if task_id is not None]
         self._candidate_types = dict(found)
         return [task_id for task_id, _ in found]

@@ -45,8 +45,10 @@ class Candidates:
         self.base = discovery_batch * slots  # what a discovery asks for on a healthy table
         self.limit = self.base  # what the next one asks for
         self.budget_s = budget_s
-        # Seconds until a full rate window has room, from the last discovery (None: none
-        # full): when a claim finds nothing, the next wake (slotd.wake.Tokens.retry_in).
+        # Seconds until a full rate window has room or the next row not yet due is due,
+        # from the last discovery (None: neither): when a claim finds nothing, the next wake
+        # (slotd.supervisor.wake.Tokens.retry_in), so a delay or a backoff starts when due,
+        # not at the next poll tick.
         self.retry_in: float | None = None
 
     def next_claim(
@@ -55,7 +57,7 @@ class Candidates:
         """Claim from what the last discovery found before discovering again."""
         if self.batch and (claimed := self._claim(repo, registry)) is not None:
             return claimed
-        if not self._discover(repo, registry, on_primary=False):
+        if not self._discover(repo, registry, report, on_primary=False):
             return None
         if (claimed := self._claim(repo, registry)) is not None:
             return claimed
@@ -64,7 +66,7 @@ class Candidates:
         # normal path), so replica lag costs a round trip rather than a poll interval.
         if repo.has_read_lane:
             report("read_miss")
-        if not self._discover(repo, registry, on_primary=True):
+        if not self._discover(repo, registry, report, on_primary=True):
             return None
         return self._claim(repo, registry)
 
@@ -91,7 +93,9 @@ class Candidates:
     def forget(self) -> None:
         self.batch = []
 
-    def _discover(self, repo: Repository, registry: Registry, on_primary: bool) -> list[int]:
+    def _discover(
+        self, repo: Repository, registry: Registry, report: Callable[..., Any], on_primary: bool
+    ) -> list[int]:
         started = time.monotonic()
         self.batch = repo.discover(
             registry.types,
@@ -101,7 +105,9 @@ class Candidates:
             rates=registry.rates,
         )
         self.limit = self.widened(time.monotonic() - started)
-        self.retry_in = repo.rate_wait_s
+        self.retry_in = repo.wake_in_s
+        if repo.sweep_in_s is not None:  # a task expires: when the supervisor sweeps next
+            report("sweep", repo.sweep_in_s)
         return self.batch
 
     def widened(self, took_s: float) -> int:

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from slotd import db
 from slotd.lifecycle import Swept
+from slotd.repository import Beat
 from slotd.slot.ledger import Settled
 from slotd.supervisor.chores import Chores, Done
 from slotd.supervisor.listener import Listener
 from slotd.supervisor.orphans import Orphans
+from slotd.supervisor.sweep_timer import SweepTimer
 from slotd.supervisor.wake import Tokens
 
 log = logging.getLogger("slotd.supervisor")
@@ -34,7 +35,8 @@ class ChoreResults:
         counted: Callable[[Settled], None],
         ready: Callable[[], None],
         fatal: Callable[[str], None],
-        horizon: Callable[[Any], None] = lambda _row: None,
+        beaten: Callable[[Beat], None] = lambda _beat: None,
+        sweeps: SweepTimer | None = None,
     ) -> None:
         self._listener = listener
         self._tokens = tokens
@@ -44,7 +46,9 @@ class ChoreResults:
         self._counted = counted
         self._ready = ready  # every slot may be up now: announce readiness once
         self._fatal = fatal  # a misconfiguration every slot would hit: stop the replica
-        self._horizon = horizon  # who holds back vacuum (slotd.heartbeat.horizon_seen)
+        # What a heartbeat read: who holds back vacuum, when a lease lapses (the loop's).
+        self._beaten = beaten
+        self._sweeps = sweeps if sweeps is not None else SweepTimer()
 
     def done(self, done: Done) -> None:
         if done.name == "listen":
@@ -65,12 +69,10 @@ class ChoreResults:
             self._swept(done.value)
         elif done.name == "selftest":
             self._listener.selftest_sent(done)
-        elif done.name == "horizon":
-            if done.error is not None:
-                log.debug("reading the vacuum horizon failed: %s", db.first_line(done.error))
-            else:
-                self._horizon(done.value)
-        elif done.error is not None and done.name == "heartbeat":
+        elif done.name == "heartbeat":
+            if done.error is None:
+                self._beaten(done.value)
+                return
             if db.is_prepare_error(done.error):
                 self._fatal(db.PREPARE_ADVICE.format(error=db.first_line(done.error)))
             log.warning("heartbeat failed: %s", db.first_line(done.error))
@@ -78,6 +80,7 @@ class ChoreResults:
             log.warning("retention cleanup failed: %s", db.first_line(done.error))
 
     def _swept(self, swept: Swept) -> None:
+        self._sweeps.swept(swept.full)
         for (task_type, reason), n in swept.lapsed.items():
             log.warning(
                 "%d %s task(s) became dead letters (%s): their final attempt's lease "

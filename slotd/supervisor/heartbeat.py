@@ -15,6 +15,7 @@ from typing import Any
 
 from slotd.config import Settings
 from slotd.registry import Registry
+from slotd.repository import Beat
 from slotd.supervisor import maintenance
 from slotd.supervisor.chores import Chores
 from slotd.supervisor.horizon import Holder, HorizonWatch
@@ -44,21 +45,26 @@ class Heartbeat:
     def post(self, chores: Chores) -> None:
         """Announce this replica (one statement per heartbeat besides its discoveries), on
         the chores thread; one at a time, so a stalled database is not sent a pile of them.
-        It says which slot holds which lease."""
+        It says which slot holds which lease, and reads back who holds back vacuum (on the
+        primary) and when the soonest final attempt's lease lapses (`beaten`): one statement,
+        so an idle replica sends nothing between its discoveries but this."""
         if not chores.pending["heartbeat"]:
             replica = (self.replica_id, socket.gethostname(), os.getpid())
             slots, types = self.settings.slots, self.registry.types
             leases = self.leases()
             limits = self.registry.concurrency_limits
+            horizon = self.settings.horizon_warn.total_seconds() > 0
 
-            def job() -> None:
+            def job() -> Beat:
                 repo = chores.repo()
-                repo.heartbeat(*replica, slots, types, leases, limits)
+                return repo.heartbeat(*replica, slots, types, leases, limits, horizon=horizon)
 
             chores.post("heartbeat", job)
-        # Who holds back vacuum, read on the primary: handed back to horizon_seen.
-        if not chores.pending["horizon"] and self.settings.horizon_warn.total_seconds() > 0:
-            chores.post("horizon", lambda: chores.repo().horizon_holder())
+
+    def beaten(self, beat: Beat) -> None:
+        """What the heartbeat read: the horizon's holder, when it is watched."""
+        if self.settings.horizon_warn.total_seconds() > 0:
+            self.horizon_seen(beat.horizon)
 
     def horizon_seen(self, row: Mapping[str, Any] | None) -> None:
         """The horizon's holder as the chores thread read it: a warning when it is worth one

@@ -29,6 +29,7 @@ from slotd import db, lifecycle, proc
 from slotd.config import Settings
 from slotd.ops import health
 from slotd.registry import Registry
+from slotd.repository import Beat
 from slotd.slot.ledger import Ledger
 from slotd.slot.spec import SlotSpec
 from slotd.supervisor import sdnotify
@@ -42,6 +43,7 @@ from slotd.supervisor.outcome_counts import OutcomeCounts
 from slotd.supervisor.recorder import Recorder
 from slotd.supervisor.slot_messages import SlotMessages
 from slotd.supervisor.slot_pool import SlotHandle, SlotPool
+from slotd.supervisor.sweep_timer import SweepTimer
 from slotd.supervisor.wake import Tokens
 
 log = logging.getLogger("slotd.supervisor")
@@ -96,6 +98,7 @@ class Supervisor:
         )
         self.slots = self.pool.slots  # the live map, read by the loop and the routing
         self.tokens = Tokens(self.pool.send_token)
+        self.sweeps = SweepTimer()
         self.control = ControlRouting(self.slots)
         self.listener = Listener(
             settings, db.listen_url(settings, write_url), self.replica_id, self.control.heard
@@ -108,6 +111,7 @@ class Supervisor:
             metrics=lambda: self.metrics,
             ready=self._maybe_ready,
             fatal=self._fatal,
+            expires=self.sweeps.expire_in,
         )
         self.heartbeat = Heartbeat(
             self.replica_id, settings, registry, self.slots, metrics=lambda: self.metrics
@@ -121,7 +125,8 @@ class Supervisor:
             counted=self.counts.count,
             ready=self._maybe_ready,
             fatal=self._fatal,
-            horizon=self.heartbeat.horizon_seen,
+            beaten=self._beaten,
+            sweeps=self.sweeps,
         )
 
     # public
@@ -141,7 +146,6 @@ class Supervisor:
         self._start_schedules()
         next_tick = time.monotonic() + self.settings.poll_interval.total_seconds()
         next_heartbeat = 0.0
-        next_lapses = 0.0
         next_chores = time.monotonic() + 60.0
         watchdog_every = sdnotify.watchdog_interval()
         next_watchdog = 0.0
@@ -156,11 +160,11 @@ class Supervisor:
                 if now >= next_tick:
                     self.tokens.offer(remember=False)
                     next_tick = now + self.settings.poll_interval.total_seconds()
-                    if not chores.pending["sweep"]:  # one sweep at a time (lifecycle)
-                        lapses = now >= next_lapses  # once a heartbeat interval (lifecycle)
-                        if lapses:
-                            next_lapses = now + self.settings.heartbeat_interval.total_seconds()
-                        chores.post("sweep", lambda x=lapses: lifecycle.sweep(chores.repo(), x))
+                # Only when something is to sweep (slotd/supervisor/sweep_timer.py), one at
+                # a time (lifecycle).
+                if self.sweeps.due(now) and not chores.pending["sweep"]:
+                    lapses = self.sweeps.take()
+                    chores.post("sweep", lambda x=lapses: lifecycle.sweep(chores.repo(), x))
                 if self.tokens.retry_due(now):  # a full rate window has room again
                     self.tokens.offer(remember=False)
                 if now >= next_heartbeat:
@@ -181,6 +185,8 @@ class Supervisor:
             timers = [next_tick, next_heartbeat, *self.pool.respawn_at.values()]
             if self.tokens.retry_at is not None:
                 timers.append(self.tokens.retry_at)
+            if (sweep_at := self.sweeps.next_at()) is not None and not self.stopping:
+                timers.append(sweep_at)
             if self.listener.due(float("inf"), chores) and not self.stopping:
                 timers.append(self.listener.retry_at)
             if self.listener.selftest_deadline is not None:
@@ -312,6 +318,10 @@ class Supervisor:
                 ", ".join(self.registry.types),
             )
             sdnotify.notify("READY=1", f"STATUS=serving with {self.settings.slots} slots")
+
+    def _beaten(self, beat: Beat) -> None:
+        self.heartbeat.beaten(beat)
+        self.sweeps.lapsed(beat.lapse_s)
 
     def _heartbeat(self) -> None:
         assert self.chores is not None

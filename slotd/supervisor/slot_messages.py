@@ -29,6 +29,7 @@ class SlotMessages:
         metrics: Callable[[], Any],
         ready: Callable[[], None],
         fatal: Callable[[str], None],
+        expires: Callable[[float], None] = lambda _seconds: None,
     ) -> None:
         self._pool = pool
         self._tokens = tokens
@@ -37,6 +38,7 @@ class SlotMessages:
         self._metrics = metrics  # the replica's Metrics, or None without a metrics server
         self._ready = ready  # every slot may be up now: announce readiness once
         self._fatal = fatal  # a misconfiguration every slot would hit: stop the replica
+        self._expires = expires  # when a task expires: the next sweep (sweep_timer.py)
 
     def read(self, handle: SlotHandle) -> None:
         """Everything the slot has said since the last read, in order."""
@@ -74,8 +76,12 @@ class SlotMessages:
             elif kind == "empty":
                 if (metrics := self._metrics()) is not None:
                     metrics.record_empty_claim()
-                if len(message) > 1 and message[1] is not None:  # a rate window is full
+                # A full rate window's end, or the next row not yet due (a delay, a
+                # backoff): the slot's next wake, instead of the next poll tick.
+                if len(message) > 1 and message[1] is not None:
                     self._tokens.retry_in(message[1])
+            elif kind == "sweep":  # a discovery saw a task expire then: sweep it then
+                self._expires(message[1])
             elif kind == "read_miss":
                 if (metrics := self._metrics()) is not None:
                     metrics.record_read_lane_miss()

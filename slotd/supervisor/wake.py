@@ -20,9 +20,10 @@ class Tokens:
         self._send = send
         self._idle: list[int] = []  # most recently idle last: it is the warmest
         self.pending = False
-        # When a full rate window has room again (monotonic), if a slot found nothing for
-        # that reason: no notification announces it, so the supervisor's loop offers a
-        # token then (see retry_due).
+        # When a full rate window has room again or the next row not yet due (a delay, a
+        # backoff) is due (monotonic), as a slot that found nothing read it from discovery:
+        # no notification announces either, so the supervisor's loop offers a token then
+        # (see retry_due), and an idle fleet starts the row when due, not at a poll tick.
         self.retry_at: float | None = None
 
     @property
