@@ -17,6 +17,7 @@ from slotd.repository import NewTask, UnknownParents
 from slotd.task import Context, Task
 
 __all__ = [
+    "Attempt",
     "Cancelled",
     "Context",
     "DeadlineExceeded",
@@ -53,6 +54,7 @@ from slotd.producer.batches import batch, batch_async  # noqa: E402
 from slotd.producer.control import cancel, pause, resume  # noqa: E402
 from slotd.producer.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async  # noqa: E402
 from slotd.producer.results import (  # noqa: E402
+    Attempt,
     TaskResult,
     result,
     result_async,

@@ -56,6 +56,9 @@ class Result:
     # settlement stores it; see slotd/lifecycle/). None for every other type.
     value: str | None = None
     keep_s: float | None = None
+    # A type with keep_history (and no keep_result, or a longer history): how long its
+    # success stays answerable, without its value (slotd.result's state and attempts).
+    history_s: float | None = None
     # The handler's exception itself, for the in-process test modes to chain; never sent
     # over the runner's pipe (an exception need not pickle), where `error` says it all.
     exception: BaseException | None = field(default=None, repr=False, compare=False)
@@ -75,6 +78,7 @@ class Result:
             self.extra,
             self.value,
             self.keep_s,
+            self.history_s,
         )
 
 

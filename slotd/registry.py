@@ -68,6 +68,9 @@ class Handler:
     retry_on: tuple[type[BaseException], ...] | None = None
     discard_on: tuple[type[BaseException], ...] = ()
     backoff: Backoff | None = field(default=None, compare=False)
+    # A success stays answerable (its state and attempts, slotd.result) this long; its value
+    # only with keep_result. None: the worker's SLOTD_KEEP_HISTORY, else not at all.
+    keep_history: timedelta | None = None
 
     def limits(self) -> tuple[int | None, float | None, float | None]:
         """As plain numbers, for the runner's hello to its slot."""
@@ -181,11 +184,14 @@ class Registry:
         retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
         discard_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
         backoff: Backoff | None = None,
+        keep_history: timedelta | None = None,
     ) -> HandlerFn:
         """`max_attempts`, `backoff_base`, `backoff_cap` override the worker's settings for
         this type; the worker that claims a task stamps its threshold on the row.
         `max_running` / `max_running_per_group`: fleet-wide concurrency limits.
         `keep_result`: store each success's JSON return value this long (slotd.result).
+        `keep_history`: a success stays answerable this long (slotd.result's state and
+        attempts; its value only with keep_result).
         `rate` / `rate_per_group`: (N, window), at most N starts of the type (of the type
         and one group) in any window of that length, fleet-wide.
         `retry_on`: exception types that are retried (any other is discarded: a dead letter
@@ -204,6 +210,7 @@ class Registry:
         _positive(backoff_base, f"task type {name!r}: backoff_base")
         _positive(backoff_cap, f"task type {name!r}: backoff_cap")
         _positive(keep_result, f"task type {name!r}: keep_result")
+        _positive(keep_history, f"task type {name!r}: keep_history")
         if backoff_base and backoff_cap and backoff_cap < backoff_base:
             raise ValueError(f"task type {name!r}: backoff_cap is shorter than backoff_base")
         self._handlers[name] = Handler(
@@ -223,6 +230,7 @@ class Registry:
             _exceptions(name, "retry_on", retry_on),
             _exceptions(name, "discard_on", discard_on) or (),
             _backoff(name, backoff),
+            keep_history,
         )
         return fn
 
@@ -266,6 +274,7 @@ class Registry:
         retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
         discard_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
         backoff: Backoff | None = None,
+        keep_history: timedelta | None = None,
     ) -> Callable[[HandlerFn], HandlerFn]:
         def decorate(fn: HandlerFn) -> HandlerFn:
             return self.register(
@@ -283,6 +292,7 @@ class Registry:
                 retry_on=retry_on,
                 discard_on=discard_on,
                 backoff=backoff,
+                keep_history=keep_history,
             )
 
         return decorate

@@ -651,6 +651,19 @@ CASE WHEN t.parents_left IS NOT NULL THEN
 DELETE FROM slotd_tasks t
 WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(token)s::uuid AND {unlinked}
 
+-- fragment: attempt_recorded
+-- The attempt a settlement ended, remembered (sql/030): from the statement's
+-- `settled_attempt(id, task_type, number, started_at, error)`, with its outcome
+-- (%(outcome)s) and this worker (%(host)s, %(pid)s, %(slot)s). Only settlements a plain
+-- success never takes splice it: a plain task's hot path names no attempts table.
+attempt_recorded AS (
+    INSERT INTO slotd_attempts (task_id, task_type, number, outcome, error, started_at, host,
+                                pid, slot)
+    SELECT a.id, a.task_type, a.number, %(outcome)s::text, a.error, a.started_at,
+           %(host)s::text, %(pid)s::int, %(slot)s::int
+    FROM settled_attempt a
+)
+
 -- fragment: results_kept
 -- The settled row's return value, stored for keep_s seconds, and the result notification
 -- (the task id; sent only if the settlement commits) that wakes slotd.wait_result. Only
@@ -663,7 +676,9 @@ kept AS (
     RETURNING task_id
 ), told AS (
     SELECT k.task_id, pg_notify('slotd_result', k.task_id::text) FROM kept k
-)
+), settled_attempt AS (
+    SELECT d.id, d.task_type, d.number, d.started_at, NULL::text AS error FROM done d
+), {attempt_recorded}
 
 -- name: dequeue_keep
 -- `dequeue` for a type that keeps results: the delete and the result's insert are one
@@ -672,7 +687,7 @@ WITH done AS (
     DELETE FROM slotd_tasks t
     WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(token)s::uuid
       AND {unlinked}
-    RETURNING t.id, t.task_type
+    RETURNING t.id, t.task_type, t.attempt_count AS number, t.last_attempted_at AS started_at
 ), {results_kept}
 SELECT task_id FROM told
 
@@ -682,7 +697,7 @@ WITH done AS (
     DELETE FROM slotd_tasks t
     WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(done_token)s::uuid
       AND {unlinked}
-    RETURNING t.id, t.task_type
+    RETURNING t.id, t.task_type, t.attempt_count AS number, t.last_attempted_at AS started_at
 ), {results_kept}, {claim_ctes}
 SELECT (SELECT count(*) FROM told) AS dequeued, c.*
 FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
@@ -693,7 +708,7 @@ WITH done AS (
     DELETE FROM slotd_tasks t
     WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(done_token)s::uuid
       AND {unlinked}
-    RETURNING t.id, t.task_type
+    RETURNING t.id, t.task_type, t.attempt_count AS number, t.last_attempted_at AS started_at
 ), {results_kept}, {claim_ctes_rated}
 SELECT (SELECT count(*) FROM told) AS dequeued, c.*
 FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
@@ -728,8 +743,11 @@ failed AS (
     FROM backoff b
     WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
     RETURNING t.id, t.attempt_count, t.max_attempts, t.run_at, t.batch_id,
-              t.dead_reason
-)
+              t.dead_reason, t.task_type, {attempts_made} AS number,
+              t.last_attempted_at AS started_at
+), settled_attempt AS (
+    SELECT f.id, f.task_type, f.number, f.started_at, %(error)s::text AS error FROM failed f
+), {attempt_recorded}
 
 -- name: record_failure
 -- The attempt that makes the dead letter sends the result notification (slotd.wait_result).
@@ -855,8 +873,13 @@ WITH RECURSIVE released AS (
                              ELSE {exhausted_attempts} END
     WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
     RETURNING t.id, t.attempt_count < t.max_attempts AS retryable, t.has_dependants,
-              t.batch_id, t.dead_reason
-), doomed(id, root) AS (
+              t.batch_id, t.dead_reason, t.task_type, {attempts_made} AS number,
+              t.last_attempted_at AS started_at
+), settled_attempt AS (
+    -- An attempt the shutdown interrupted; a claim whose handler never started ran nothing.
+    SELECT r.id, r.task_type, r.number, r.started_at, NULL::text AS error
+    FROM released r WHERE NOT %(unstarted)s::bool
+), {attempt_recorded}, doomed(id, root) AS (
     SELECT e.child_id, r.id FROM released r JOIN slotd_dependencies e ON e.parent_id = r.id
     WHERE r.has_dependants AND NOT r.retryable
     UNION
@@ -1353,10 +1376,14 @@ WITH settled AS (
     UPDATE slotd_tasks t
     SET lease_token = NULL, lease_expires_at = NULL
     WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid AND t.cancelled_at IS NOT NULL
-    RETURNING t.id, t.batch_id
+    RETURNING t.id, t.batch_id, t.task_type, t.dead_attempts, t.last_attempted_at,
+              t.last_error
 ), ended AS (
     SELECT s.id, s.batch_id, 'cancelled' AS outcome FROM settled s WHERE s.batch_id IS NOT NULL
-), {batch_counted}
+), settled_attempt AS (
+    SELECT s.id, s.task_type, coalesce(s.dead_attempts, 0), s.last_attempted_at, s.last_error
+    FROM settled s
+), {attempt_recorded}, {batch_counted}
 SELECT s.id, pg_notify('slotd_result', s.id::text) FROM settled s
 CROSS JOIN (SELECT count(*) FROM batch_woken) callbacks
 
@@ -1468,7 +1495,16 @@ WITH RECURSIVE due AS (
                         coalesce(t.last_error, 'none')) END
     FROM due
     WHERE t.id = due.id
-    RETURNING t.id, t.task_type, t.has_dependants, t.batch_id, t.dead_reason
+    RETURNING t.id, t.task_type, t.has_dependants, t.batch_id, t.dead_reason,
+              t.dead_attempts, t.last_attempted_at, t.last_error
+), lapse_recorded AS (
+    -- Its attempt, remembered (sql/030): crashed (a cancelled one: cancelled), run by a
+    -- worker nobody can name any more.
+    INSERT INTO slotd_attempts (task_id, task_type, number, outcome, error, started_at)
+    SELECT x.id, x.task_type, x.dead_attempts,
+           CASE x.dead_reason WHEN 'cancelled' THEN 'cancelled' ELSE 'crashed' END,
+           x.last_error, x.last_attempted_at
+    FROM lapsed x
 ), doomed(id, root) AS (
     SELECT e.child_id, x.id FROM lapsed x JOIN slotd_dependencies e ON e.parent_id = x.id
     WHERE x.has_dependants AND x.dead_reason = 'exhausted'
@@ -1718,6 +1754,39 @@ SELECT t.task_type, {task_state} AS state, count(*)::bigint AS n
 FROM slotd_tasks t
 GROUP BY 1, 2
 
+-- name: attempts_of
+-- A task's attempts, oldest first (slotd.result(...).attempts): those remembered
+-- (slotd_attempts, sql/030), then the one running now, read from its row and, once its
+-- replica has heartbeated since the claim, the replica and slot holding it.
+SELECT x.number, x.outcome, x.error, x.started_at, x.ended_at, x.host, x.pid, x.slot
+FROM (
+    SELECT 0 AS k, a.id, a.number, a.outcome, a.error, a.started_at, a.ended_at, a.host,
+           a.pid, a.slot
+    FROM slotd_attempts a WHERE a.task_id = %(id)s
+    UNION ALL
+    SELECT 1, t.id, t.attempt_count, NULL, NULL, t.last_attempted_at, NULL, h.hostname,
+           h.pid, h.slot
+    FROM slotd_tasks t
+    LEFT JOIN LATERAL (
+        SELECT r.hostname, r.pid, (r.leases ->> t.id::text)::int AS slot
+        FROM slotd_replicas r WHERE r.leases ? t.id::text
+        ORDER BY r.seen_at DESC LIMIT 1
+    ) h ON true
+    WHERE t.id = %(id)s AND t.lease_token IS NOT NULL AND {lease_live}
+) x
+ORDER BY x.k, x.id
+
+-- name: attempts_prune
+-- The retention chore: the attempts of tasks no longer answerable (no row, no stored
+-- result or history), a batch per transaction.
+DELETE FROM slotd_attempts a
+WHERE a.id IN (
+    SELECT x.id FROM slotd_attempts x
+    WHERE NOT EXISTS (SELECT FROM slotd_tasks t WHERE t.id = x.task_id)
+      AND NOT EXISTS (SELECT FROM slotd_results r WHERE r.task_id = x.task_id)
+    LIMIT %(batch)s
+)
+
 -- name: results_prune
 -- The retention chore: results past their keep_result, a batch per transaction.
 DELETE FROM slotd_results r
@@ -1804,13 +1873,18 @@ SELECT (SELECT count(*) FROM told), (SELECT count(*) FROM batch_woken)
 done AS (
     DELETE FROM slotd_tasks t
     WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(done_token)s::uuid
-    RETURNING t.id, t.task_type, t.batch_id
+    RETURNING t.id, t.task_type, t.batch_id, t.attempt_count AS number,
+              t.last_attempted_at AS started_at
 ), kept AS (
     INSERT INTO slotd_results (task_id, task_type, value, expires_at)
-    SELECT d.id, d.task_type, %(value)s::jsonb, now() + make_interval(secs => %(keep_s)s)
+    SELECT d.id, d.task_type, %(kept_value)s::jsonb,
+           now() + make_interval(secs => %(keep_s)s)
     FROM done d WHERE %(keep_s)s::float8 IS NOT NULL
     RETURNING task_id
-), edges AS (
+), settled_attempt AS (
+    SELECT d.id, d.task_type, d.number, d.started_at, NULL::text AS error
+    FROM done d WHERE %(keep_s)s::float8 IS NOT NULL
+), {attempt_recorded}, edges AS (
     UPDATE slotd_dependencies e SET parent_done = true, value = %(value)s::jsonb
     FROM done d WHERE e.parent_id = d.id AND NOT e.parent_done
     RETURNING e.child_id

@@ -222,6 +222,7 @@ def test_the_result_command_prints_state_and_value(
     done = run(str(task_id), "--wait", "60s", "--json")
     assert done.returncode == 0, done.stderr
     body = json.loads(done.stdout)
+    assert [a["outcome"] for a in body.pop("attempts")] == ["success"]  # #37
     assert body == {
         "id": task_id,
         "state": "succeeded",

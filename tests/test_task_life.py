@@ -300,7 +300,7 @@ def test_dead_purge_or_retry_of_a_lapsed_final_attempt_ends_it_first(
         task_id = b.enqueue("lc.member", {"ms": 60_000}, max_attempts=1)
     child = slotd.enqueue(qconn, "lc.record", {"n": 7}, after=[task_id])
     victim = _daemon(db_url, daemons, slots=1)
-    wait_for(lambda: _leased(qconn, task_id), what="the final attempt running")
+    wait_for(lambda: _starts(qconn, task_id) == 1, what="the final attempt running")
     _freeze(victim)
     wait_for(lambda: _lapsed(qconn, task_id), what="its lease to lapse")
     if verb == "purge":

@@ -1,4 +1,4 @@
-"""`slotd result ID [--wait 30s] [--json]`: a task's state, stored result or error."""
+"""`slotd result ID [--wait 30s] [--json]`: a task's state, stored result or error, attempts."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 import click
 
 from slotd import db
-from slotd.config import Settings, parse_duration
-from slotd.producer.results import TaskResult, result, wait_result
+from slotd.config import Settings, format_duration, parse_duration
+from slotd.producer.results import Attempt, TaskResult, result, wait_result
 
 
 @click.command("result")
@@ -18,9 +18,10 @@ from slotd.producer.results import TaskResult, result, wait_result
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
 @click.pass_context
 def result_command(ctx: click.Context, task_id: int, wait: str | None, as_json: bool) -> None:
-    """A task's state: pending, running, succeeded (with its stored result), failed,
-    cancelled or expired (with the error). Exit 1 when there is no such task (never one,
-    or gone: a success without keep_result) or --wait ran out."""
+    """A task's state (scheduled, pending, running, retrying, waiting, succeeded with its
+    stored result, failed, cancelled or expired with the error) and its attempts. Exit 1
+    when there is no such task (never one, or gone: a success without keep_result or
+    keep_history) or --wait ran out."""
     settings: Settings = ctx.obj
     timeout = None if wait is None else parse_duration(wait, name="--wait").total_seconds()
     url = db.existing_url(settings)
@@ -41,14 +42,32 @@ def result_command(ctx: click.Context, task_id: int, wait: str | None, as_json: 
 
 def _render(task_id: int, found: TaskResult, as_json: bool) -> str:
     if as_json:
-        body = {"id": task_id, "state": found.state, "value": found.value, "error": found.error}
+        body = {
+            "id": task_id,
+            "state": found.state,
+            "value": found.value,
+            "error": found.error,
+            "attempts": [a.as_json() for a in found.attempts],
+        }
         return json.dumps(body, sort_keys=True)
     lines = [f"task {task_id}: {found.state}"]
     if found.state == "succeeded":
         lines.append(json.dumps(found.value))
     if found.error:
         lines.append(found.error)
+    if found.attempts:
+        lines.append("attempts:")
+    for a in found.attempts:
+        took = "" if a.started_at is None or a.ended_at is None else f" in {_took(a)}"
+        lines.append(f"  #{a.number} {a.outcome or 'running'}{took} on {a.worker or 'unknown'}")
+        if a.error:
+            lines.append(f"    {a.error.strip().splitlines()[-1]}")
     return "\n".join(lines)
+
+
+def _took(attempt: Attempt) -> str:
+    assert attempt.started_at is not None and attempt.ended_at is not None
+    return format_duration(attempt.ended_at - attempt.started_at)
 
 
 def register(group: click.Group) -> None:

@@ -55,14 +55,14 @@ def settle(
         if result.kind == kinds.SNOOZE:
             return _snoozed(repo, claimed, result, logger, backoff)
         if result.kind == kinds.DONE and claimed.linked and not (then_claim and then_claim[0]):
-            repo.dequeue_linked(task_id, token, result.value, result.keep_s)
+            repo.dequeue_linked(task_id, token, result.value, *_stored(result))
             return _done(Outcome.SUCCESS, claimed, result, logger)
         if result.kind == kinds.DONE and then_claim and then_claim[0]:
-            linked = (result.value, result.keep_s) if claimed.linked else None
+            linked = (result.value, *_stored(result)) if claimed.linked else None
             # A batch's member with nothing else linked: the lighter statement (see sql
             # `member_settled`); it falls back to the linked one if dependants came since.
             member = claimed.batch_id is not None and not claimed.has_dependants
-            member = member and result.keep_s is None
+            member = member and result.keep_s is None and result.history_s is None
             try:
                 nxt = repo.dequeue_and_claim(
                     task_id,
@@ -94,7 +94,7 @@ def settle(
             return _release(repo, claimed, result, shutting_down, logger, backoff)
         if result.kind == kinds.KILLED or (result.kind == kinds.ERROR and result.past_deadline):
             text = _error_text(result, "deadline exceeded")
-            failure = _fail(repo, claimed, text, backoff)
+            failure = _fail(repo, claimed, text, backoff, outcome=Outcome.TIMEOUT)
             return _done(Outcome.TIMEOUT, claimed, result, logger, failure.dead)
         if result.kind == kinds.ERROR and result.extra.get(DISCARD):
             text = _error_text(result, "payload refused by its model")
@@ -102,7 +102,7 @@ def settle(
             return _done(Outcome.DISCARDED, claimed, result, logger, failure.dead)
         if result.kind == kinds.CRASHED:
             text = _error_text(result, "runner crashed")
-            failure = _fail(repo, claimed, text, backoff)
+            failure = _fail(repo, claimed, text, backoff, outcome=Outcome.CRASHED)
             return _done(Outcome.CRASHED, claimed, result, logger, failure.dead)
         text = _error_text(result, "handler failed")
         failure = _fail(repo, claimed, text, backoff)
@@ -122,7 +122,7 @@ def _as_linked(repo: Repository, claimed: Claimed, result: Result) -> Outcome:
     if claimed.linked:
         return Outcome.LOST
     try:
-        repo.dequeue_linked(claimed.id, claimed.token, result.value, result.keep_s)
+        repo.dequeue_linked(claimed.id, claimed.token, result.value, *_stored(result))
     except LeaseLost:
         return Outcome.LOST
     return Outcome.SUCCESS
@@ -134,24 +134,43 @@ def _fail(
     text: str,
     backoff: dict[str, Any],
     discard: bool = False,
+    outcome: Outcome = Outcome.FAILURE,
 ) -> Failure:
     """record_failure, by the linked statement for a linked task, and again so when the
     plain one is refused (dependants enqueued since the claim; see _as_linked).
-    `discard`: the dead letter now, whatever attempts remain."""
+    `discard`: the dead letter now, whatever attempts remain. `outcome`: what the attempt
+    is remembered as (slotd_attempts)."""
     fail = repo.record_failure
+    kind = str(Outcome.DISCARDED if discard else outcome)
     if claimed.linked:
-        return fail(claimed.id, claimed.token, text, **backoff, linked=True, discard=discard)
+        return fail(
+            claimed.id, claimed.token, text, **backoff, linked=True, discard=discard, outcome=kind
+        )
     try:
-        return fail(claimed.id, claimed.token, text, **backoff, discard=discard)
+        return fail(claimed.id, claimed.token, text, **backoff, discard=discard, outcome=kind)
     except LeaseLost:
-        return fail(claimed.id, claimed.token, text, **backoff, linked=True, discard=discard)
+        return fail(
+            claimed.id, claimed.token, text, **backoff, linked=True, discard=discard, outcome=kind
+        )
 
 
-def _kept(result: Result) -> tuple[str, float] | None:
-    """The value a success stores and for how long; None for a type without keep_result."""
+def _stored(result: Result) -> tuple[float | None, bool]:
+    """How long a success stays answerable (keep_result, keep_history: the longer; None:
+    not at all) and whether its value is stored with it (keep_result only)."""
     if result.keep_s is None:
+        return result.history_s, False
+    return max(result.keep_s, result.history_s or 0.0), True
+
+
+def _kept(result: Result) -> tuple[str | None, float] | None:
+    """The value a success stores (None: its history only) and for how long; None for a
+    type that keeps neither its result nor its history."""
+    seconds, value_kept = _stored(result)
+    if seconds is None:
         return None
-    return (result.value if result.value is not None else "null", result.keep_s)
+    if not value_kept:
+        return (None, seconds)
+    return (result.value if result.value is not None else "null", seconds)
 
 
 def _unsettled(
@@ -207,10 +226,15 @@ def _release(
         return _continued(repo, claimed, result, logger, backoff)
     reason = "released at shutdown on its final attempt, a second time"
     unstarted = bool(result.extra.get(UNSTARTED))
-    dead = repo.release(
-        claimed.id, claimed.token, reason, refund_final=not unstarted, unstarted=unstarted
-    )
     outcome = Outcome.CONTINUED if result.advanced else Outcome.CANCELLED
+    dead = repo.release(
+        claimed.id,
+        claimed.token,
+        reason,
+        refund_final=not unstarted,
+        unstarted=unstarted,
+        outcome=str(outcome),
+    )
     return _done(outcome, claimed, result, logger, bool(dead))
 
 
@@ -237,7 +261,7 @@ def _continued(
         # Refused: the lease is gone, or an operator cancelled the task after its advance
         # and this slot never heard of it. The cancel's end, then, as if it had.
         return _cancelled_instead(repo, claimed, result, logger, "after its advance; not continued")
-    failure = _fail(repo, claimed, NOT_ADVANCED, backoff)
+    failure = _fail(repo, claimed, NOT_ADVANCED, backoff, outcome=Outcome.CONTINUED)
     logger.warning(
         "slice advanced nothing; backed off like a failure%s",
         " and it has reached max attempts" if failure.dead else "",

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -28,7 +29,32 @@ from slotd.repository import results as store
 from slotd.repository.named import channel, resolve_schema
 from slotd.repository.states import STATES, TERMINAL
 
-__all__ = ["STATES", "TERMINAL", "TaskResult", "result", "wait_result"]
+__all__ = ["STATES", "TERMINAL", "Attempt", "TaskResult", "result", "wait_result"]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of a task (sql/030): its number as its claim counted it (Task.attempt),
+    its outcome (slotd_task_outcomes_total's names; None while it runs), its error with the
+    traceback (or the reason of a cancel or a lapse), when it started and ended, and the
+    worker that ran it ("host:pid:slot", the replica's pid; None when nobody can say)."""
+
+    number: int
+    outcome: str | None
+    error: str | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    worker: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "outcome": self.outcome,
+            "error": self.error,
+            "started_at": None if self.started_at is None else self.started_at.isoformat(),
+            "ended_at": None if self.ended_at is None else self.ended_at.isoformat(),
+            "worker": self.worker,
+        }
 
 
 @dataclass(frozen=True)
@@ -36,14 +62,38 @@ class TaskResult:
     state: str
     value: Any = None  # succeeded, with keep_result: the stored return value
     error: str | None = None  # failed: the last error; cancelled / expired: the reason
+    # Every attempt that ran, oldest first (the running one last), while it is answerable.
+    # Not compared: two answers about the same end are equal whoever ran it.
+    attempts: tuple[Attempt, ...] = field(default=(), compare=False)
 
     @property
     def done(self) -> bool:
         return self.state in TERMINAL
 
 
-def _answer(row: store.Row | None) -> TaskResult | None:
-    return None if row is None else TaskResult(*row)
+def _worker(host: str | None, pid: int | None, slot: int | None) -> str | None:
+    if host is None:
+        return None
+    return ":".join(str(part) for part in (host, pid, slot) if part is not None)
+
+
+def _attempts(rows: list[store.AttemptRow]) -> tuple[Attempt, ...]:
+    return tuple(Attempt(n, o, e, s, d, _worker(h, p, sl)) for n, o, e, s, d, h, p, sl in rows)
+
+
+def _read(conn: Any, task_id: int, schema: str | None) -> TaskResult | None:
+    row = store.result_of(conn, task_id, schema=schema)
+    if row is None:
+        return None
+    return TaskResult(*row, _attempts(store.attempts_of(conn, task_id, schema=schema)))
+
+
+async def _read_async(conn: Any, task_id: int, schema: str | None) -> TaskResult | None:
+    row = await store.result_of_async(conn, task_id, schema=schema)
+    if row is None:
+        return None
+    attempts = await store.attempts_of_async(conn, task_id, schema=schema)
+    return TaskResult(*row, _attempts(attempts))
 
 
 def result(conn: Any, task_id: int, *, schema: str | None = None) -> TaskResult | None:
@@ -51,12 +101,12 @@ def result(conn: Any, task_id: int, *, schema: str | None = None) -> TaskResult 
     success without keep_result, a result past it, a dead letter past retention).
     `schema`: the queue's (None: SLOTD_SCHEMA, else public)."""
     target = sync_target(conn, "slotd.result")
-    return _answer(store.result_of(target, int(task_id), schema=schema))
+    return _read(target, int(task_id), schema)
 
 
 async def result_async(conn: Any, task_id: int, *, schema: str | None = None) -> TaskResult | None:
     target = await async_target(conn, "slotd.result_async")
-    return _answer(await store.result_of_async(target, int(task_id), schema=schema))
+    return await _read_async(target, int(task_id), schema)
 
 
 def _listen_url(listen_url: str | None) -> str | None:
@@ -103,7 +153,7 @@ def _wait_on(
     store.listen_results(conn, schema=schema)
     results = channel(store.RESULT_CHANNEL, schema)
     try:
-        current = _answer(store.result_of(conn, task_id, schema=schema))
+        current = _read(conn, task_id, schema)
         while current is not None and not current.done:
             left = until - time.monotonic()
             if left <= 0:
@@ -111,7 +161,7 @@ def _wait_on(
             for note in conn.notifies(timeout=left):
                 if note.channel == results and note.payload == str(task_id):
                     break
-            current = _answer(store.result_of(conn, task_id, schema=schema))
+            current = _read(conn, task_id, schema)
         return current
     finally:
         if own and not conn.closed:
@@ -150,7 +200,7 @@ async def _wait_on_async(
     await store.listen_results_async(conn, schema=schema)
     results = channel(store.RESULT_CHANNEL, schema)
     try:
-        current = _answer(await store.result_of_async(conn, task_id, schema=schema))
+        current = await _read_async(conn, task_id, schema)
         while current is not None and not current.done:
             left = until - time.monotonic()
             if left <= 0:
@@ -158,7 +208,7 @@ async def _wait_on_async(
             async for note in conn.notifies(timeout=left):
                 if note.channel == results and note.payload == str(task_id):
                     break
-            current = _answer(await store.result_of_async(conn, task_id, schema=schema))
+            current = await _read_async(conn, task_id, schema)
         return current
     finally:
         if own and not conn.closed:

@@ -4,6 +4,8 @@ bound). The repository's concerns (slotd.repository) all build on this one base.
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
@@ -59,6 +61,11 @@ class Lanes:
             "jitter": backoff_jitter,
         }
         self.session_bound = False  # see bind_session
+        # Who runs the attempts this repository settles (slotd_attempts, sql/030): the host,
+        # this process, and the slot's number when a slot owns it (slot/connections.py).
+        self.host = socket.gethostname()
+        self.slot: int | None = None
+        self.pid: int | None = None  # a slot's: its replica's (the supervisor's) pid
         self._cursor: psycopg.Cursor[Any] | None = None
         self._bounds = {
             "statement_timeout": _interval(statement_timeout),
@@ -141,6 +148,12 @@ class Lanes:
         result = cur.pgresult
         rows = cur.fetchall() if result is not None and result.nfields else []
         return cur.rowcount, rows
+
+    def attempt_params(self, outcome: str) -> dict[str, Any]:
+        """The parameters of sql `attempt_recorded`: the settled attempt's outcome and its
+        worker (the pid read now: a repository built before a fork settles in the child)."""
+        pid = self.pid if self.pid is not None else os.getpid()
+        return {"outcome": outcome, "host": self.host, "pid": pid, "slot": self.slot}
 
     @property
     def has_read_lane(self) -> bool:

@@ -255,7 +255,7 @@ class QueueProtocol(Lanes):
     # fenced settlements
 
     def dequeue(
-        self, task_id: int, token: uuid.UUID | None, kept: tuple[str, float] | None = None
+        self, task_id: int, token: uuid.UUID | None, kept: tuple[str | None, float] | None = None
     ) -> None:
         """`kept`: (the return value's JSON text, seconds to keep it), for a type with
         keep_result: stored by the same fenced statement."""
@@ -263,7 +263,7 @@ class QueueProtocol(Lanes):
             count, _ = self._write("dequeue", {"id": task_id, "token": token})
         else:
             params = {"id": task_id, "token": token, "value": kept[0], "keep_s": kept[1]}
-            count, _ = self._write("dequeue_keep", params)
+            count, _ = self._write("dequeue_keep", {**params, **self.attempt_params("success")})
         if count == 0:
             raise LeaseLost(f"task {task_id}: dequeue refused, the lease is not ours")
 
@@ -274,8 +274,8 @@ class QueueProtocol(Lanes):
         ids: Sequence[int],
         registry: Registry,
         lease_token: str | None = None,
-        kept: tuple[str, float] | None = None,
-        linked: tuple[str | None, float | None] | None = None,
+        kept: tuple[str | None, float] | None = None,
+        linked: tuple[str | None, float | None, bool] | None = None,
         member: bool = False,
     ) -> Claimed | None:
         """Dequeue a finished task and claim the next of `ids` in one statement: one round
@@ -303,6 +303,7 @@ class QueueProtocol(Lanes):
         elif kept is not None:
             name = "dequeue_keep_claim"
             params["value"], params["keep_s"] = kept
+            params.update(self.attempt_params("success"))
         lock = self._lock_types(ids, registry)
         _, rows = self._write(self._rated(name, lock, registry), params, lock)
         dequeued, *claim = rows[0]
@@ -320,19 +321,34 @@ class QueueProtocol(Lanes):
             raise LeaseLost(f"task {task_id}: dequeue refused, the lease is not ours", claimed)
         return claimed
 
-    def _linked_params(self, value: str | None, keep_s: float | None) -> dict[str, Any]:
+    def _linked_params(
+        self, value: str | None, keep_s: float | None, value_kept: bool = True
+    ) -> dict[str, Any]:
+        """`value_kept`: False for a type that keeps its history only (keep_history, no
+        keep_result): the value reaches its dependants, its stored result has none."""
         return {
             "value": value if value is not None else "null",
+            "kept_value": (value if value is not None else "null") if value_kept else None,
             "keep_s": keep_s,
             "step_s": self.lead_s / PRIORITY_SPAN,
+            **self.attempt_params("success"),
         }
 
     def dequeue_linked(
-        self, task_id: int, token: uuid.UUID | None, value: str | None, keep_s: float | None
+        self,
+        task_id: int,
+        token: uuid.UUID | None,
+        value: str | None,
+        keep_s: float | None,
+        value_kept: bool = True,
     ) -> int:
         """The success of a task with dependants or of a batch (see sql `dequeue_linked`):
         LeaseLost when the lease is not ours, else how many dependants it made due."""
-        params = {"id": task_id, "done_token": token, **self._linked_params(value, keep_s)}
+        params = {
+            "id": task_id,
+            "done_token": token,
+            **self._linked_params(value, keep_s, value_kept),
+        }
         _, rows = self._write("dequeue_linked", params)
         dequeued, released = rows[0]
         if not dequeued:
@@ -350,6 +366,7 @@ class QueueProtocol(Lanes):
         linked: bool = False,
         discard: bool = False,
         jitter: float | None = None,
+        outcome: str = "failure",
     ) -> Failure:
         """Back off and keep the error. `backoff_base` / `backoff_cap`: the type's own,
         else the worker's. `linked`: a task with dependants or of a batch
@@ -361,6 +378,7 @@ class QueueProtocol(Lanes):
             "error": storable(error),
             "discard": discard,
             **self._backoff,
+            **self.attempt_params(outcome),
         }
         if linked:
             params["cause"] = PARENT_FAILED
@@ -427,6 +445,7 @@ class QueueProtocol(Lanes):
         *,
         refund_final: bool = False,
         unstarted: bool = False,
+        outcome: str = "cancelled",
     ) -> bool | None:
         """Give the lease back; None when it is not ours, else whether the row is now a dead
         letter. `refund_final`: a shutdown's release, which gives a final attempt back once
@@ -438,12 +457,14 @@ class QueueProtocol(Lanes):
             "refund_final": refund_final,
             "unstarted": unstarted,
             "cause": PARENT_FAILED,
+            **self.attempt_params(outcome),
         }
         _, rows = self._write("release", params)
         return bool(rows[0][1]) if rows else None
 
     def settle_cancelled(self, task_id: int, token: uuid.UUID) -> bool:
-        count, _ = self._write("settle_cancelled", {"id": task_id, "token": token})
+        params = {"id": task_id, "token": token, **self.attempt_params("cancelled")}
+        count, _ = self._write("settle_cancelled", params)
         return count == 1
 
     def expire_batch(self, batch: int = 1000) -> dict[str, int]:

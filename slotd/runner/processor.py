@@ -12,6 +12,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from slotd import lifecycle
@@ -87,7 +88,9 @@ def execute(handler: Handler, ctx: Context, before: Callable[[], None] | None = 
         caught = None
         kind, error = (kinds.CONTINUE, None) if returned is False else (kinds.DONE, None)
         if kind == kinds.DONE and (
-            handler.keep_result is not None or not (returned is None or returned is True)
+            handler.keep_result is not None
+            or handler.keep_history is not None
+            or not (returned is None or returned is True)
         ):
             return _kept(handler, ctx, returned, started)
     took = time.monotonic() - started
@@ -107,16 +110,35 @@ def _kept(handler: Handler, ctx: Context, returned: Any, started: float) -> Resu
     except TypeError as exc:
         took = time.monotonic() - started
         if handler.keep_result is None:
-            return Result(kinds.DONE, None, ctx.advanced, past(ctx.deadline), took, ctx.log_fields)
+            return Result(
+                kinds.DONE,
+                None,
+                ctx.advanced,
+                past(ctx.deadline),
+                took,
+                ctx.log_fields,
+                history_s=_seconds(handler.keep_history),
+            )
         return Result(
             kinds.ERROR, _describe(exc), ctx.advanced, past(ctx.deadline), took, ctx.log_fields
         )
     took = time.monotonic() - started
-    keep = None if handler.keep_result is None else handler.keep_result.total_seconds()
     late = past(ctx.deadline)
     return Result(
-        kinds.DONE, None, ctx.advanced, late, took, ctx.log_fields, value=text, keep_s=keep
+        kinds.DONE,
+        None,
+        ctx.advanced,
+        late,
+        took,
+        ctx.log_fields,
+        value=text,
+        keep_s=_seconds(handler.keep_result),
+        history_s=_seconds(handler.keep_history),
     )
+
+
+def _seconds(span: timedelta | None) -> float | None:
+    return None if span is None else span.total_seconds()
 
 
 def _describe(exc: BaseException) -> str:

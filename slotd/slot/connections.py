@@ -5,6 +5,7 @@ shutdown cuts short, and reopened when lost."""
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -31,7 +32,7 @@ class SlotConnections:
         on_reconnect: Callable[[], None],
         log: logging.Logger | logging.LoggerAdapter[Any],
     ) -> None:
-        self.role = f"slotd slot {number}"
+        self.role, self.number = f"slotd slot {number}", number
         self.settings, self.write_url, self.read_url = settings, write_url, read_url
         self.pause, self.stopping, self.on_reconnect, self.log = pause, stopping, on_reconnect, log
         self.repo: Repository | None = None
@@ -49,6 +50,9 @@ class SlotConnections:
                     else None
                 )
                 repo = Repository.from_settings(self.settings, write, read)
+                # Its attempts name the replica (host, supervisor's pid) and slot that ran
+                # them, as the heartbeat's leases name a running one.
+                repo.slot, repo.pid = self.number, os.getppid()
                 if db.session_is_ours(write, prepare):
                     repo.bind_session()
                 # Both lanes plan once, generically: discovery and claims are index walks

@@ -35,6 +35,9 @@ def prune(
             total += pruned
             if pruned < batch:
                 break
+        # Attempts of tasks no longer answerable (not counted: a task's, gone with it).
+        while repo.prune_attempts_batch(batch=batch) >= batch:
+            pass
         # Rate windows with no start left in them (not counted: they are not tasks).
         while repo.prune_rate_windows_batch(batch=batch) >= batch:
             pass

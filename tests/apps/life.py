@@ -96,3 +96,48 @@ def gated(task: slotd.Task, ctx: slotd.Context) -> Any:
         conn.execute("SELECT pg_advisory_lock(%s)", (GATE,))
         conn.execute("SELECT pg_advisory_unlock(%s)", (GATE,))
     return {"gated": task.id}
+
+
+@registry.handler(
+    "lc.flaky",
+    ceiling=timedelta(seconds=30),
+    max_attempts=3,
+    backoff_base=timedelta(milliseconds=10),
+    backoff_cap=timedelta(milliseconds=20),
+    keep_history=KEEP,
+)
+def flaky(task: slotd.Task, ctx: slotd.Context) -> Any:
+    """Fails its first attempt, succeeds its second: its history is kept, not its value."""
+    _record(task, "start")
+    if task.attempt == 1:
+        raise ValueError(f"first attempt of {task.id} fails")
+    return {"not": "kept"}
+
+
+@registry.handler(
+    "lc.plain_flaky",
+    ceiling=timedelta(seconds=30),
+    max_attempts=3,
+    backoff_base=timedelta(milliseconds=10),
+    backoff_cap=timedelta(milliseconds=20),
+)
+def plain_flaky(task: slotd.Task, ctx: slotd.Context) -> Any:
+    """lc.flaky without history: gone once it succeeds."""
+    _record(task, "start")
+    if task.attempt == 1:
+        raise ValueError("first attempt fails")
+
+
+@registry.handler(
+    "lc.killed",
+    ceiling=timedelta(seconds=30),
+    max_attempts=3,
+    backoff_base=timedelta(milliseconds=10),
+    backoff_cap=timedelta(milliseconds=20),
+    keep_history=KEEP,
+)
+def killed(task: slotd.Task, ctx: slotd.Context) -> Any:
+    """Its first attempt waits to be killed (the test kills its runner); the second ends."""
+    _record(task, "start")
+    if task.attempt == 1:
+        time.sleep(60)
