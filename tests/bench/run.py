@@ -232,6 +232,19 @@ class Bench:
                 mine[proc.pid] = c.user + c.system
         return CpuMark(server, ours, mine)
 
+    def wait_backends_gone(self, user: str, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            left = self.admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE usename = %s", (user,)
+            ).fetchone()
+            self.admin.execute("SELECT pg_stat_clear_snapshot()")
+            exiting = [c for c in self.postmaster.children() if _status(c) == psutil.STATUS_ZOMBIE]
+            if left == (0,) and not exiting:
+                time.sleep(0.2)  # a backend off the view may still be on its way out
+                return
+            time.sleep(0.05)
+
     @functools.cached_property
     def postmaster(self) -> psutil.Process:
         return psutil.Process(int((self.pg.datadir / "postmaster.pid").read_text().split()[0]))
@@ -606,6 +619,9 @@ class Bench:
                 DB,
             ]
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            # pgbench's backends exit with it: their CPU counts once the postmaster has
+            # reaped them (then it is in its children's times), not while they are exiting.
+            self.wait_backends_gone("bench")
             c1 = self.cpu_mark([])
             ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             client = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
@@ -898,6 +914,13 @@ def _stop_group(p: subprocess.Popen[Any]) -> None:
 
 def _deadline(info: dict[str, Any]) -> float:
     return float(info["deadline"])
+
+
+def _status(p: psutil.Process) -> str:
+    try:
+        return str(p.status())
+    except psutil.NoSuchProcess:
+        return psutil.STATUS_DEAD
 
 
 def _alive(pid: int) -> bool:
