@@ -187,6 +187,9 @@ class Settings:
     backoff_cap: timedelta = timedelta(minutes=10)
     backoff_jitter: float = 0.1
     retention: timedelta = timedelta(days=7)
+    # SLOTD_KEEP_HISTORY: a success of a type without keep_history= stays answerable (its
+    # state and attempts) this long; None (the default, or 0): it is gone at once.
+    keep_history: timedelta | None = None
     shutdown_grace: timedelta = timedelta(seconds=25)
     # SLOTD_KILL_GRACE as given; None derives it from the margin (see `kill_grace`).
     kill_grace_setting: timedelta | None = None
@@ -227,6 +230,7 @@ class Settings:
             backoff_cap=_duration("SLOTD_BACKOFF_CAP", "10m"),
             backoff_jitter=_float("SLOTD_BACKOFF_JITTER", 0.1),
             retention=_duration("SLOTD_RETENTION", "7d"),
+            keep_history=_duration("SLOTD_KEEP_HISTORY", "0s") or None,
             shutdown_grace=_duration("SLOTD_SHUTDOWN_GRACE", "25s"),
             kill_grace_setting=(
                 _duration("SLOTD_KILL_GRACE", "5s") if _env("SLOTD_KILL_GRACE") else None

@@ -130,3 +130,15 @@ def test_a_plain_success_leaves_nothing_and_retention_prunes_its_attempts(
         assert [(a.number, a.outcome) for a in got.attempts] == [(1, "success")]  # type: ignore[union-attr]
     finally:
         gate.close()
+
+
+def test_slotd_keep_history_keeps_plain_successes_answerable(
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+) -> None:
+    """SLOTD_KEEP_HISTORY on the worker: a type without keep_history= is answerable after
+    its success (state, attempts), its value not stored."""
+    _daemon(db_url, daemons, slots=1, SLOTD_KEEP_HISTORY="1h")
+    task_id = slotd.enqueue(qconn, "lc.plain_flaky", {})
+    got = slotd.wait_result(qconn, task_id, timeout=30)
+    assert got is not None and (got.state, got.value) == ("succeeded", None)
+    assert [(a.number, a.outcome) for a in got.attempts] == [(1, "failure"), (2, "success")]

@@ -55,21 +55,23 @@ def settle(
         if result.kind == kinds.SNOOZE:
             return _snoozed(repo, claimed, result, logger, backoff)
         if result.kind == kinds.DONE and claimed.linked and not (then_claim and then_claim[0]):
-            repo.dequeue_linked(task_id, token, result.value, *_stored(result))
+            repo.dequeue_linked(task_id, token, result.value, *_stored(result, repo.keep_history_s))
             return _done(Outcome.SUCCESS, claimed, result, logger)
         if result.kind == kinds.DONE and then_claim and then_claim[0]:
-            linked = (result.value, *_stored(result)) if claimed.linked else None
+            linked = (
+                (result.value, *_stored(result, repo.keep_history_s)) if claimed.linked else None
+            )
             # A batch's member with nothing else linked: the lighter statement (see sql
             # `member_settled`); it falls back to the linked one if dependants came since.
             member = claimed.batch_id is not None and not claimed.has_dependants
-            member = member and result.keep_s is None and result.history_s is None
+            member = member and _stored(result, repo.keep_history_s)[0] is None
             try:
                 nxt = repo.dequeue_and_claim(
                     task_id,
                     token,
                     *then_claim,
                     lease_token,
-                    kept=_kept(result),
+                    kept=_kept(result, repo.keep_history_s),
                     linked=linked,
                     member=member,
                 )
@@ -82,7 +84,7 @@ def settle(
             return _done(Outcome.SUCCESS, claimed, result, logger, next=nxt, claim_tried=True)
         if result.kind == kinds.DONE:
             try:
-                repo.dequeue(task_id, token, kept=_kept(result))
+                repo.dequeue(task_id, token, kept=_kept(result, repo.keep_history_s))
             except LeaseLost:
                 return _done(_as_linked(repo, claimed, result), claimed, result, logger)
             if answer_lost is not None:
@@ -122,7 +124,9 @@ def _as_linked(repo: Repository, claimed: Claimed, result: Result) -> Outcome:
     if claimed.linked:
         return Outcome.LOST
     try:
-        repo.dequeue_linked(claimed.id, claimed.token, result.value, *_stored(result))
+        repo.dequeue_linked(
+            claimed.id, claimed.token, result.value, *_stored(result, repo.keep_history_s)
+        )
     except LeaseLost:
         return Outcome.LOST
     return Outcome.SUCCESS
@@ -154,18 +158,20 @@ def _fail(
         )
 
 
-def _stored(result: Result) -> tuple[float | None, bool]:
+def _stored(result: Result, default_s: float | None = None) -> tuple[float | None, bool]:
     """How long a success stays answerable (keep_result, keep_history: the longer; None:
-    not at all) and whether its value is stored with it (keep_result only)."""
+    not at all) and whether its value is stored with it (keep_result only). `default_s`:
+    the worker's SLOTD_KEEP_HISTORY, for a type that sets no keep_history."""
+    history = result.history_s if result.history_s is not None else default_s
     if result.keep_s is None:
-        return result.history_s, False
-    return max(result.keep_s, result.history_s or 0.0), True
+        return history, False
+    return max(result.keep_s, history or 0.0), True
 
 
-def _kept(result: Result) -> tuple[str | None, float] | None:
+def _kept(result: Result, default_s: float | None = None) -> tuple[str | None, float] | None:
     """The value a success stores (None: its history only) and for how long; None for a
     type that keeps neither its result nor its history."""
-    seconds, value_kept = _stored(result)
+    seconds, value_kept = _stored(result, default_s)
     if seconds is None:
         return None
     if not value_kept:

@@ -66,6 +66,9 @@ class Lanes:
         self.host = socket.gethostname()
         self.slot: int | None = None
         self.pid: int | None = None  # a slot's: its replica's (the supervisor's) pid
+        # SLOTD_KEEP_HISTORY: how long a success of a type without keep_history stays
+        # answerable (None: not at all, the plain path).
+        self.keep_history_s: float | None = None
         self._cursor: psycopg.Cursor[Any] | None = None
         self._bounds = {
             "statement_timeout": _interval(statement_timeout),
@@ -79,7 +82,7 @@ class Lanes:
         write: psycopg.Connection[Any],
         read: psycopg.Connection[Any] | None = None,
     ) -> Self:
-        return cls(
+        repo = cls(
             write,
             read,
             lease_margin=settings.lease_margin,
@@ -93,6 +96,9 @@ class Lanes:
             priority_step=settings.priority_step,
             schema=getattr(settings, "schema", None),
         )
+        history = getattr(settings, "keep_history", None)
+        repo.keep_history_s = history.total_seconds() if history else None
+        return repo
 
     def bind_session(self) -> None:
         """Carry the write bounds on this connection's session instead of in every write:
