@@ -180,18 +180,26 @@ def run_sh(example: Example) -> None:
         start_background(run, source.strip(), example)
         run.executed += 1
         return
-    done = subprocess.run(
+    # Its own session, so a block that hangs is ended with every process it started (a
+    # `slotd run` left in a foreground block would otherwise outlive the test).
+    proc = subprocess.Popen(
         ["bash", "-euo", "pipefail", "-c", source],
         cwd=run.workdir,
         env=run.env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=180,
-        check=False,
+        start_new_session=True,
     )
     where = f"{example.path}:{example.line}"
-    assert done.returncode == 0, f"{where}: exit {done.returncode}\n{done.stdout}{done.stderr}"
-    example.namespace["sh_output"] = done.stdout + done.stderr
+    try:
+        stdout, stderr = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"{where}: still running after 180 s\n{stdout}{stderr}") from None
+    assert proc.returncode == 0, f"{where}: exit {proc.returncode}\n{stdout}{stderr}"
+    example.namespace["sh_output"] = stdout + stderr
     run.executed += 1
 
 
