@@ -2,11 +2,14 @@
 -- slotd.repository.execute. The queue predicates of queries.sql are spliced in as {name}.
 
 -- name: django_result_insert
+-- enqueued_at is the moment of the enqueue, not the start of the caller's transaction
+-- (now()): an enqueue late in a long atomic block is not back-dated.
 INSERT INTO slotd_django_results
     (id, task_id, backend, queue_name, task_path, priority, takes_context, run_after,
-     args, kwargs)
+     args, kwargs, enqueued_at)
 VALUES (%(id)s, %(task_id)s, %(backend)s, %(queue_name)s, %(task_path)s, %(priority)s,
-        %(takes_context)s, %(run_after)s, %(args)s::jsonb, %(kwargs)s::jsonb)
+        %(takes_context)s, %(run_after)s, %(args)s::jsonb, %(kwargs)s::jsonb,
+        clock_timestamp())
 RETURNING enqueued_at
 
 -- name: django_defer
@@ -27,9 +30,20 @@ SET status = 'READY', finished_at = NULL, return_value = NULL
 WHERE r.id = %(id)s AND r.status = 'FAILED'
 
 -- name: django_result_running
+-- started_at is the first attempt's start (Django's meaning); last_attempted_at this one's.
+-- Found RUNNING, the attempt before never wrote its end (killed at its deadline, its runner
+-- crashed, its lease lapsed): its error is recorded now, in the queue row's words.
 UPDATE slotd_django_results r
-SET status = 'RUNNING', started_at = now(), last_attempted_at = now(),
-    worker_ids = r.worker_ids || %(worker_id)s::text
+SET status = 'RUNNING', started_at = coalesce(r.started_at, now()), last_attempted_at = now(),
+    worker_ids = r.worker_ids || %(worker_id)s::text,
+    errors = CASE
+        WHEN r.status = 'RUNNING' THEN r.errors || jsonb_build_array(jsonb_build_object(
+            'exception_class_path', %(lost_class)s::text,
+            'traceback', coalesce(
+                (SELECT t.last_error FROM slotd_tasks t WHERE t.id = r.task_id),
+                'the attempt ended without recording its end')))
+        ELSE r.errors
+    END
 WHERE r.id = %(id)s AND r.status IN ('READY', 'RUNNING')
 
 -- name: django_result_rerun
@@ -44,12 +58,31 @@ SET status = 'SUCCESSFUL', finished_at = now(), return_value = %(return_value)s:
 WHERE r.id = %(id)s AND r.status <> 'SUCCESSFUL'
 
 -- name: django_result_fail
+-- Django's FAILED is final (is_finished, finished_at, task_finished): a failed attempt
+-- with another to come leaves the result READY, its error kept. Final when the worker says
+-- so (%(final)s true: not retried), else when the queue row is on its last attempt or gone.
+-- %(final)s false: released at shutdown, READY whatever the count (the row says the rest).
 -- On a SUCCESSFUL record (a re-run that failed) the error is kept but the status is not.
+WITH last AS (
+    SELECT coalesce(%(final)s::boolean, NOT EXISTS (
+        SELECT 1 FROM slotd_django_results x JOIN slotd_tasks t ON t.id = x.task_id
+        WHERE x.id = %(id)s AND t.attempt_count < t.max_attempts
+    )) AS final
+)
 UPDATE slotd_django_results r
-SET status = CASE WHEN r.status = 'SUCCESSFUL' THEN r.status ELSE 'FAILED' END,
-    finished_at = CASE WHEN r.status = 'SUCCESSFUL' THEN r.finished_at ELSE now() END,
+SET status = CASE
+        WHEN r.status = 'SUCCESSFUL' THEN r.status
+        WHEN last.final THEN 'FAILED'
+        ELSE 'READY'
+    END,
+    finished_at = CASE
+        WHEN r.status = 'SUCCESSFUL' THEN r.finished_at
+        WHEN last.final THEN now()
+    END,
     errors = r.errors || jsonb_build_array(%(error)s::jsonb)
+FROM last
 WHERE r.id = %(id)s
+RETURNING r.status
 
 -- name: django_result_get
 -- The stored record, corrected by the queue row for the attempts whose handler never got

@@ -33,6 +33,7 @@ from slotd.repository import Claimed, Repository  # noqa: E402
 from slotd.runner.processor import process  # noqa: E402
 
 READY, RUNNING = TaskResultStatus.READY, TaskResultStatus.RUNNING
+TABLE = results.Results("default", "public")
 SUCCESSFUL, FAILED = TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED
 
 
@@ -230,29 +231,42 @@ def test_results_over_sync_and_async_apis(repo: Repository, slotd_registry: Regi
         add.get_result("not-a-uuid")
 
 
-def test_a_failing_task_retries_and_its_dead_letter_reads_failed(
+def test_a_failing_task_is_not_failed_until_its_last_attempt(
     slotd_conn: psycopg.Connection[Any], repo: Repository, slotd_registry: Registry, signals: Any
 ) -> None:
+    """Django's FAILED is final: `while not result.is_finished` (Django's documented loop)
+    must wait through the retries, and task_finished fires once, at the end (#42 item 1).
+    started_at stays the first attempt's start (item 3)."""
     from django_project.shop.tasks import explode
 
     result = explode.enqueue("nope")
     first = deliver(repo, slotd_registry)
-    assert first is not None and first.outcome == Outcome.FAILURE and not first.dead
+    assert first is not None and first.outcome == Outcome.FAILURE and not first.dead, first
     result.refresh()
-    assert result.status == FAILED and len(result.errors) == 1
-    assert result.errors[0].exception_class is ValueError
+    assert result.status == READY and not result.is_finished and result.finished_at is None
+    assert len(result.errors) == 1 and result.errors[0].exception_class is ValueError
     assert "ValueError: nope" in result.errors[0].traceback
+    first_start = result.started_at
+    assert first_start is not None and result.last_attempted_at == first_start
 
     deliver(repo, slotd_registry)
+    result.refresh()
+    assert result.status == READY and not result.is_finished and len(result.errors) == 2
+    assert result.started_at == first_start and result.last_attempted_at > first_start
+    assert [name for name, _, _ in signals.seen].count("finished") == 0
+
     last = deliver(repo, slotd_registry)
     assert last is not None and last.dead
     assert repo.dead_count("django.default") == 1
     result.refresh()
-    assert result.status == FAILED and result.attempts == 3 and len(result.errors) == 3
+    assert result.status == FAILED and result.is_finished and result.finished_at is not None
+    assert result.attempts == 3 and len(result.errors) == 3
+    assert result.started_at == first_start
     assert calls("explode") == 3
-    # Every redelivery of the FAILED record started from READY: RUNNING, never FAILED.
     started = [status for name, status, _ in signals.seen if name == "started"]
     assert started == [RUNNING, RUNNING, RUNNING]
+    finished = [status for name, status, _ in signals.seen if name == "finished"]
+    assert finished == [FAILED]
 
 
 def test_a_retry_that_succeeds_keeps_the_earlier_error(
@@ -262,7 +276,7 @@ def test_a_retry_that_succeeds_keeps_the_earlier_error(
 
     result = fail_until.enqueue("C-1", 2)
     deliver(repo, slotd_registry)
-    assert fail_until.get_result(result.id).status == FAILED
+    assert fail_until.get_result(result.id).status == READY
 
     seen_at_start: list[Any] = []
 
@@ -274,11 +288,12 @@ def test_a_retry_that_succeeds_keeps_the_earlier_error(
         deliver(repo, slotd_registry)
     finally:
         task_started.disconnect(dispatch_uid="at-start")
-    # The retry was reset (finished_at cleared) before it ran.
     assert seen_at_start == [(RUNNING, None)]
     result.refresh()
     assert result.status == SUCCESSFUL and result.return_value == "ok after 2"
     assert len(result.errors) == 1 and result.attempts == 2
+    finished = [status for name, status, _ in signals.seen if name == "finished"]
+    assert finished == [SUCCESSFUL]
 
 
 def run_without_settling(repo: Repository, registry: Registry) -> Claimed:
@@ -333,7 +348,7 @@ def test_attempts_the_handler_never_recorded_read_from_the_queue_row(
     killed = slow_one.enqueue()
     claimed = claim(repo, slotd_registry)
     assert claimed is not None
-    results.start("default", killed.id, "host:1")
+    TABLE.start(killed.id, "host:1")
     settled = settle(repo, claimed, Result(kinds.KILLED, "deadline exceeded"))
     assert settled.dead
     shown = slow_one.get_result(killed.id)
@@ -345,10 +360,16 @@ def test_attempts_the_handler_never_recorded_read_from_the_queue_row(
     crashed = add.enqueue(0, 0)
     claimed = claim(repo, slotd_registry)
     assert claimed is not None
-    results.start("default", crashed.id, "host:2")
+    TABLE.start(crashed.id, "host:2")
     assert add.get_result(crashed.id).status == RUNNING
     repo.expire_leases()
     assert add.get_result(crashed.id).status == READY
+    # The next attempt records the lost one's error, in the queue row's words (#42 item 8).
+    deliver(repo, slotd_registry)
+    shown = add.get_result(crashed.id)
+    assert shown.status == SUCCESSFUL and shown.attempts == 2
+    [lost] = shown.errors
+    assert lost.exception_class is results.AttemptFailed and lost.traceback
 
 
 def test_two_deliveries_take_turns_on_the_result_row(
@@ -368,7 +389,7 @@ def test_two_deliveries_take_turns_on_the_result_row(
             from django.db import connection
 
             try:
-                outcome.append(results.start("default", result.id, "host:2"))
+                outcome.append(TABLE.start(result.id, "host:2"))
             finally:
                 connection.close()
 
@@ -401,7 +422,7 @@ def test_retention_prunes_old_finished_results(repo: Repository, slotd_registry:
             "UPDATE slotd_django_results SET finished_at = now() - interval '8 days' WHERE id = %s",
             (old.id,),
         )
-    assert results.prune("default", timedelta(days=7)) == 1
+    assert TABLE.prune(timedelta(days=7)) == 1
     with pytest.raises(TaskResultDoesNotExist):
         add.get_result(old.id)
     assert add.get_result(fresh.id).status == SUCCESSFUL

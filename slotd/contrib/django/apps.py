@@ -24,11 +24,11 @@ def check_migrated(
     tables exist where the backends write. A warning, so that `migrate` itself can run."""
     from django.db import DatabaseError
 
-    from slotd.contrib.django import database, worker
+    from slotd.contrib.django import configured, database
 
     messages: list[checks.CheckMessage] = []
     wanted = set(databases or ())
-    for alias in sorted({backend.database for backend in worker.slotd_backends()} & wanted):
+    for alias in sorted({backend.database for backend in configured.slotd_backends()} & wanted):
         try:
             missing = database.unapplied_migrations(alias)
         except DatabaseError:

@@ -42,7 +42,8 @@ from django.utils.json import normalize_json
 import slotd
 from slotd import db, repository
 from slotd.config import default_schema, parse_duration, validate_schema
-from slotd.contrib.django import results
+from slotd.contrib.django.database import cursor
+from slotd.contrib.django.results import Results
 from slotd.errors import ConfigError, SchemaNotMigrated
 from slotd.producer.enqueue import hooks_held
 from slotd.registry import TYPE_NAME
@@ -149,6 +150,11 @@ class SlotdBackend(BaseTaskBackend):
         return default_schema()
 
     @property
+    def results(self) -> Results:
+        """This backend's results table: its own database and schema, nothing else's."""
+        return Results(self.database, self.schema)
+
+    @property
     def result_retention(self) -> timedelta:
         raw = self.options.get("RESULT_RETENTION", DEFAULT_RETENTION)
         return parse_duration(raw, name="RESULT_RETENTION")
@@ -221,7 +227,7 @@ class SlotdBackend(BaseTaskBackend):
         attempts = _task_max_attempts(task) or config.max_attempts
         with (
             transaction.atomic(using=self.database),
-            results.cursor(self.database) as cur,
+            cursor(self.database) as cur,
             # Eager mode (slotd.testing) runs the task once its result row exists too.
             hooks_held(),
             _schema_hint(self.database),
@@ -238,9 +244,8 @@ class SlotdBackend(BaseTaskBackend):
             if run_after is not None:
                 params = {"id": task_id, "run_at": run_after}
                 repository.execute(cur, "django_defer", params, schema=self.schema)
-            enqueued_at = results.insert(
+            enqueued_at = self.results.insert(
                 cur,
-                schema=self.schema,
                 id=result_id,
                 task_id=task_id,
                 backend=self.alias,
@@ -275,7 +280,7 @@ class SlotdBackend(BaseTaskBackend):
         return result
 
     def get_result(self, result_id: str) -> TaskResult:
-        return results.get(self.database, result_id)
+        return self.results.get(result_id)
 
 
 @contextmanager

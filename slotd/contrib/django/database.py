@@ -1,6 +1,11 @@
-"""Django's DATABASES entry as the libpq conninfo the worker connects with, so `slotd run`
-drains the database Django enqueues into: socket or TCP, user, password, port and the
-OPTIONS libpq knows (sslmode, connect_timeout, options, service, ...)."""
+"""Django's DATABASES, as slotd reaches them: the base layer of slotd.contrib.django.
+
+The libpq conninfo the worker connects with (so `slotd run` drains the database Django
+enqueues into: socket or TCP, user, password, port and the OPTIONS libpq knows), Django's
+own psycopg connection for statements that join Django's transaction, and which of slotd's
+Django migrations a database lacks. It knows nothing of TASKS: the modules above it
+(results, backend, configured, worker) pass it a DATABASES alias and, where a statement
+needs one, the schema."""
 
 from __future__ import annotations
 
@@ -8,8 +13,8 @@ from functools import cache
 from typing import Any
 
 import psycopg
+from psycopg.types.json import JsonbLoader
 
-from slotd.config import default_schema
 from slotd.errors import ConfigError
 
 
@@ -53,25 +58,27 @@ def unapplied_migrations(alias: str) -> list[str]:
     return [migration.name for migration, _backwards in plan if migration.app_label == "slotd"]
 
 
-def apply_slotd_schema(apps: Any, schema_editor: Any) -> None:
-    """What slotd's Django migrations run: slotd's own numbered SQL migrations on the
-    migrated database's connection (idempotent, under slotd's migration lock)."""
-    from slotd.contrib.django.results import raw_connection
-    from slotd.repository import migrate
+def raw_connection(using: str) -> psycopg.Connection[Any]:
+    """Django's own psycopg 3 connection for database `using`: statements on it join
+    whatever transaction Django has open there."""
+    from django.db import connections
 
-    alias = schema_editor.connection.alias
-    migrate(raw_connection(alias), schema=schema_of(alias))
+    wrapper = connections[using]
+    wrapper.ensure_connection()
+    raw = wrapper.connection
+    if not isinstance(raw, psycopg.Connection):
+        from django.core.exceptions import ImproperlyConfigured
 
-
-def schema_of(alias: str) -> str:
-    """The schema slotd's objects live in on database `alias`: the OPTIONS SCHEMA of the
-    slotd backends writing there (one; SLOTD_SCHEMA, else public, when none sets it)."""
-    from slotd.contrib.django.worker import slotd_backends
-
-    schemas = sorted({b.schema for b in slotd_backends() if b.database == alias})
-    if len(schemas) > 1:
-        raise ConfigError(
-            f"the slotd TASKS backends on database {alias!r} name schemas {schemas}: "
-            "one database alias holds one queue, give them the same OPTIONS SCHEMA"
+        raise ImproperlyConfigured(
+            f"slotd needs DATABASES[{using!r}] on django.db.backends.postgresql with "
+            f"psycopg 3 installed; found {type(raw).__module__}.{type(raw).__name__}"
         )
-    return schemas[0] if schemas else default_schema()
+    return raw
+
+
+def cursor(using: str) -> psycopg.Cursor[Any]:
+    # A plain server-binding cursor: Django's connection defaults to client-side binding
+    # and loads jsonb as text (JSONField decodes itself); slotd's statements want neither.
+    cur = psycopg.Cursor(raw_connection(using))
+    cur.adapters.register_loader("jsonb", JsonbLoader)
+    return cur

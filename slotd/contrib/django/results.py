@@ -2,7 +2,11 @@
 
 Each transition runs in a transaction on Django's connection and starts by locking the
 result row (`SELECT ... FOR UPDATE`): the rules are check-then-act, and two deliveries of
-one task (a lapsed lease, a redelivery after a lost settlement) must take turns."""
+one task (a lapsed lease, a redelivery after a lost settlement) must take turns.
+
+Above slotd.contrib.django.database, below the backend: a `Results` is told its database
+alias and schema by the backend that owns it, so reading one backend's result never
+builds the other TASKS backends."""
 
 from __future__ import annotations
 
@@ -12,19 +16,22 @@ import traceback
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from django.db import connections, transaction
+from django.db import transaction
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.exceptions import TaskResultDoesNotExist
 from django.utils.module_loading import import_string
-from psycopg.types.json import JsonbLoader
 
 from slotd import repository
+from slotd.contrib.django.database import cursor, raw_connection
 from slotd.errors import SlotdError
+
+__all__ = ["AttemptFailed", "Results", "ReturnValueNotJSON", "cursor", "raw_connection"]
 
 READY, RUNNING = TaskResultStatus.READY, TaskResultStatus.RUNNING
 SUCCESSFUL, FAILED = TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED
@@ -36,114 +43,99 @@ class AttemptFailed(SlotdError):
     of the error that `get_result()` reports for it."""
 
 
-def _execute(cur: psycopg.Cursor[Any], using: str, name: str, params: Any) -> Any:
-    """A statement on the schema of the slotd backends writing to database `using`."""
-    from slotd.contrib.django.database import schema_of
-
-    return repository.execute(cur, name, params, schema=schema_of(using))
+ATTEMPT_FAILED_PATH = f"{AttemptFailed.__module__}.{AttemptFailed.__qualname__}"
 
 
-def raw_connection(using: str) -> psycopg.Connection[Any]:
-    """Django's own psycopg 3 connection for database `using`: statements on it join
-    whatever transaction Django has open there."""
-    wrapper = connections[using]
-    wrapper.ensure_connection()
-    raw = wrapper.connection
-    if not isinstance(raw, psycopg.Connection):
-        from django.core.exceptions import ImproperlyConfigured
+@dataclass(frozen=True)
+class Results:
+    """The results of the tasks a backend enqueues: on database `using`, in `schema`."""
 
-        raise ImproperlyConfigured(
-            f"slotd needs DATABASES[{using!r}] on django.db.backends.postgresql with "
-            f"psycopg 3 installed; found {type(raw).__module__}.{type(raw).__name__}"
-        )
-    return raw
+    using: str
+    schema: str
 
+    def _execute(self, cur: psycopg.Cursor[Any], name: str, params: Any) -> Any:
+        return repository.execute(cur, name, params, schema=self.schema)
 
-def cursor(using: str) -> psycopg.Cursor[Any]:
-    # A plain server-binding cursor: Django's connection defaults to client-side binding
-    # and loads jsonb as text (JSONField decodes itself); slotd's statements want neither.
-    cur = psycopg.Cursor(raw_connection(using))
-    cur.adapters.register_loader("jsonb", JsonbLoader)
-    return cur
+    @contextmanager
+    def locked(self, result_id: str) -> Iterator[tuple[psycopg.Cursor[Any], str | None]]:
+        """A transaction holding the result row's lock; yields the cursor and its status
+        (None when the row is gone: pruned by retention)."""
+        with transaction.atomic(using=self.using), cursor(self.using) as cur:
+            row = self._execute(cur, "django_result_lock", {"id": result_id}).fetchone()
+            yield cur, (row[0] if row else None)
 
+    def start(self, result_id: str, worker_id: str) -> str | None:
+        """READY/RUNNING -> RUNNING; FAILED -> READY -> RUNNING (an operator's retry of a
+        dead letter); SUCCESSFUL stays. Found RUNNING, the attempt before never wrote its
+        end (killed, crashed): its error is recorded now, from the queue row. Returns the
+        status found before the transition."""
+        params = {"id": result_id, "worker_id": worker_id, "lost_class": ATTEMPT_FAILED_PATH}
+        with self.locked(result_id) as (cur, status):
+            if status == SUCCESSFUL:
+                self._execute(cur, "django_result_rerun", params)
+            elif status is not None:
+                if status == FAILED:
+                    self._execute(cur, "django_result_reset", params)
+                self._execute(cur, "django_result_running", params)
+            return status
 
-@contextmanager
-def locked(using: str, result_id: str) -> Iterator[tuple[psycopg.Cursor[Any], str | None]]:
-    """A transaction holding the result row's lock; yields the cursor and its status (None
-    when the row is gone: pruned by retention)."""
-    with transaction.atomic(using=using), cursor(using) as cur:
-        row = _execute(cur, using, "django_result_lock", {"id": result_id}).fetchone()
-        yield cur, (row[0] if row else None)
+    def succeed(self, result_id: str, return_value: Any) -> None:
+        body = json.dumps(return_value, allow_nan=False)
+        with self.locked(result_id) as (cur, status):
+            if status not in (None, SUCCESSFUL):
+                params = {"id": result_id, "return_value": body}
+                self._execute(cur, "django_result_succeed", params)
 
+    def fail(
+        self, result_id: str, exc: BaseException, *, final: bool | None = None
+    ) -> tuple[str | None, str | None]:
+        """Record the attempt's error. The result is FAILED (finished) only when no attempt
+        follows: `final` True (the worker will not retry it), or None and the queue row is
+        on its last attempt or gone. Otherwise it is READY for the retry, and stays so when
+        `final` is False (released at shutdown). A SUCCESSFUL record keeps its status.
+        Returns the status before and after."""
+        error = {
+            "exception_class_path": f"{type(exc).__module__}.{type(exc).__qualname__}",
+            "traceback": "".join(traceback.format_exception(exc)),
+        }
+        params = {"id": result_id, "error": json.dumps(error), "final": final}
+        with self.locked(result_id) as (cur, status):
+            if status is None:
+                return None, None
+            row = self._execute(cur, "django_result_fail", params).fetchone()
+            return status, row[0]
 
-def start(using: str, result_id: str, worker_id: str) -> str | None:
-    """READY/RUNNING -> RUNNING; FAILED -> READY -> RUNNING (a retry); SUCCESSFUL stays.
-    Returns the status found before the transition."""
-    params = {"id": result_id, "worker_id": worker_id}
-    with locked(using, result_id) as (cur, status):
-        if status == SUCCESSFUL:
-            _execute(cur, using, "django_result_rerun", params)
-        elif status is not None:
-            if status == FAILED:
-                _execute(cur, using, "django_result_reset", params)
-            _execute(cur, using, "django_result_running", params)
-        return status
+    def insert(self, cur: psycopg.Cursor[Any], **row: Any) -> datetime:
+        """The result row, in the enqueueing transaction (`cur`); returns its enqueued_at."""
+        found = self._execute(cur, "django_result_insert", row).fetchone()
+        assert found is not None
+        enqueued_at: datetime = found[0]
+        return enqueued_at
 
+    def prune(self, retention: timedelta, batch: int = 1000) -> int:
+        """Delete results older than the retention window, batch by batch, each batch its
+        own transaction so pruning a backlog never holds one long lock."""
+        total = 0
+        while True:
+            with transaction.atomic(using=self.using), cursor(self.using) as cur:
+                params = {"retention_s": retention.total_seconds(), "batch": batch}
+                deleted = self._execute(cur, "django_results_prune", params).rowcount
+            total += deleted
+            if deleted < batch:
+                return total
 
-def succeed(using: str, result_id: str, return_value: Any) -> None:
-    body = json.dumps(return_value, allow_nan=False)
-    with locked(using, result_id) as (cur, status):
-        if status not in (None, SUCCESSFUL):
-            _execute(cur, using, "django_result_succeed", {"id": result_id, "return_value": body})
-
-
-def fail(using: str, result_id: str, exc: BaseException) -> str | None:
-    """Record the error; FAILED unless the record is already SUCCESSFUL (sticky). Returns
-    the status found before."""
-    error = {
-        "exception_class_path": f"{type(exc).__module__}.{type(exc).__qualname__}",
-        "traceback": "".join(traceback.format_exception(exc)),
-    }
-    with locked(using, result_id) as (cur, status):
-        if status is not None:
-            _execute(
-                cur, using, "django_result_fail", {"id": result_id, "error": json.dumps(error)}
-            )
-        return status
-
-
-def insert(cur: psycopg.Cursor[Any], *, schema: str, **row: Any) -> datetime:
-    found = repository.execute(cur, "django_result_insert", row, schema=schema).fetchone()
-    assert found is not None
-    enqueued_at: datetime = found[0]
-    return enqueued_at
-
-
-def prune(using: str, retention: timedelta, batch: int = 1000) -> int:
-    """Delete results older than the retention window, batch by batch, each batch its own
-    transaction so pruning a backlog never holds one long lock."""
-    total = 0
-    while True:
-        with transaction.atomic(using=using), cursor(using) as cur:
-            params = {"retention_s": retention.total_seconds(), "batch": batch}
-            deleted = _execute(cur, using, "django_results_prune", params).rowcount
-        total += deleted
-        if deleted < batch:
-            return total
-
-
-def get(using: str, result_id: str) -> TaskResult:
-    try:
-        key = str(uuid.UUID(str(result_id)))
-    except ValueError:
-        raise TaskResultDoesNotExist(result_id) from None
-    with cursor(using) as cur:
-        found = _execute(cur, using, "django_result_get", {"id": key})
-        row = found.fetchone()
-        names = [col.name for col in found.description or []]
-    if row is None:
-        raise TaskResultDoesNotExist(result_id)
-    return build(dict(zip(names, row, strict=True)))
+    def get(self, result_id: str) -> TaskResult:
+        try:
+            key = str(uuid.UUID(str(result_id)))
+        except ValueError:
+            raise TaskResultDoesNotExist(result_id) from None
+        with cursor(self.using) as cur:
+            found = self._execute(cur, "django_result_get", {"id": key})
+            row = found.fetchone()
+            names = [col.name for col in found.description or []]
+        if row is None:
+            raise TaskResultDoesNotExist(result_id)
+        return build(dict(zip(names, row, strict=True)))
 
 
 class ReturnValueNotJSON(TypeError):
@@ -194,8 +186,7 @@ def build(row: dict[str, Any]) -> TaskResult:
     status = TaskResultStatus(row["status"])
     if status != row["stored_status"] and status == FAILED:
         reason = row["queue_error"] or "its queue row is gone (a purged dead letter)"
-        path = f"{AttemptFailed.__module__}.{AttemptFailed.__qualname__}"
-        errors.append(TaskError(exception_class_path=path, traceback=reason))
+        errors.append(TaskError(exception_class_path=ATTEMPT_FAILED_PATH, traceback=reason))
     result = TaskResult(
         task=task,
         id=str(row["id"]),

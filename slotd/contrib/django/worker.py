@@ -21,6 +21,10 @@ from slotd.config import default_schema
 from slotd.errors import ConfigError
 from slotd.registry import Registry
 
+# Not imported here: Django's settings are not configured when `slotd run --app` imports
+# this module; registry() sets Django up first. The layers below (backend, configured,
+# results, database) import Django at module level.
+
 log = logging.getLogger("slotd.django")
 
 PRUNE_CHORE = "django_results_prune"
@@ -38,14 +42,14 @@ def registry() -> Registry:
     import django
 
     django.setup()
+    from slotd.contrib.django import configured, database
+
     reg = build_registry()
     # The database Django enqueues into is the one to drain: `slotd run` uses it unless
     # SLOTD_DATABASE_URL says otherwise (and then warns if the two differ).
-    from slotd.contrib.django import database
-
-    alias = database_alias(slotd_backends())
+    alias = configured.database_alias(configured.slotd_backends())
     reg.database_url = database.conninfo(alias)
-    schema = database.schema_of(alias)
+    schema = configured.schema_of(alias)
     if schema != default_schema():
         # The daemon and every process under it read SLOTD_SCHEMA; `manage.py slotd run`
         # sets it from OPTIONS SCHEMA.
@@ -56,29 +60,14 @@ def registry() -> Registry:
     return reg
 
 
-def database_alias(backends: list[Any]) -> str:
-    """The one DATABASES alias the slotd backends write to; one worker drains one database."""
-    aliases = sorted({backend.database for backend in backends})
-    if len(aliases) > 1:
-        from slotd.contrib.django import database
-
-        if len({database.conninfo(alias) for alias in aliases}) > 1:
-            raise ConfigError(
-                f"the slotd TASKS backends write to databases {aliases}; one worker drains "
-                "one database: give them the same OPTIONS DATABASE"
-            )
-    return aliases[0]
-
-
 def build_registry() -> Registry:
     """One generic handler per configured queue. A queue served by two aliases shares one
     task type, so both must agree on its ceiling."""
-    from slotd.contrib.django.backend import SlotdBackend
+    from slotd.contrib.django.configured import slotd_backends
 
     reg = Registry()
     ceilings: dict[str, timedelta] = {}
     for backend in slotd_backends():
-        assert isinstance(backend, SlotdBackend)
         for config in backend.queue_configs():
             known = ceilings.get(config.task_type)
             if known is None:
@@ -92,20 +81,6 @@ def build_registry() -> Registry:
     if not len(reg):
         raise ConfigError("no TASKS backend is slotd.contrib.django.SlotdBackend")
     return reg
-
-
-def slotd_backends() -> list[Any]:
-    from django.conf import settings
-    from django.tasks import task_backends
-
-    from slotd.contrib.django.backend import SlotdBackend
-
-    found = []
-    for alias in getattr(settings, "TASKS", {}):
-        backend = task_backends[alias]
-        if isinstance(backend, SlotdBackend):
-            found.append(backend)
-    return found
 
 
 def _worker_id() -> str:
@@ -124,25 +99,30 @@ def run_django_task(task: slotd.Task, ctx: slotd.Context) -> None:
     backend = task_backends[payload["backend"]]
     _recycle_connections()
     try:
-        _deliver(backend, payload["result_id"])
+        _deliver(backend, payload["result_id"], ctx)
     finally:
         _maybe_prune(backend)
         _recycle_connections()
 
 
-def _deliver(backend: Any, result_id: str) -> None:
+def _deliver(backend: Any, result_id: str, ctx: slotd.Context | None = None) -> None:
     from django.tasks import TaskContext
     from django.tasks.signals import task_finished, task_started
 
-    from slotd.contrib.django import results
+    from slotd.contrib.django.results import (
+        FAILED,
+        SUCCESSFUL,
+        ReturnValueNotJSON,
+        import_error,
+    )
 
-    db = backend.database
-    before = results.start(db, result_id, _worker_id())
+    table = backend.results
+    before = table.start(result_id, _worker_id())
     if before is None:
         # Only retention deletes a result, long after its task finished.
         log.warning("django task result %s is gone; not running it again", result_id)
         return
-    snapshot = results.get(db, result_id)
+    snapshot = table.get(result_id)
     sender = type(backend)
     task_started.send(sender=sender, task_result=snapshot)
     django_task = snapshot.task
@@ -150,23 +130,27 @@ def _deliver(backend: Any, result_id: str) -> None:
         args = snapshot.args
         if django_task.takes_context:
             args = [TaskContext(task_result=snapshot), *args]
-        value = _call(django_task, args, snapshot.kwargs, db)
+        value = _call(django_task, args, snapshot.kwargs, backend.database)
         value = _json_return(value, django_task.module_path)
     except BaseException as exc:
-        prior = results.fail(db, result_id, exc)
-        # Sent inside the except block, as Django's own backend does: receivers (its
-        # logger among them) see sys.exc_info().
-        task_finished.send(sender=sender, task_result=results.get(db, result_id))
-        if prior == results.SUCCESSFUL:
+        # Another attempt would fail the same way (or repeat side effects that have
+        # happened): FAILED now, and the queue row is done with.
+        hopeless = exc is import_error(django_task) or isinstance(exc, ReturnValueNotJSON)
+        # Released at shutdown, the attempt does not count: READY whatever the count.
+        final = True if hopeless else (False if ctx is not None and ctx.shutting_down else None)
+        prior, now = table.fail(result_id, exc, final=final)
+        if now == FAILED and prior != SUCCESSFUL:
+            # Once, at the end (Django's meaning of FAILED); sent inside the except block,
+            # as Django's own backend does: receivers (its logger) see sys.exc_info().
+            task_finished.send(sender=sender, task_result=table.get(result_id))
+        if prior == SUCCESSFUL:
             return  # a failed re-run of a finished task: recorded, not retried
-        if exc is results.import_error(django_task) or isinstance(exc, results.ReturnValueNotJSON):
-            # Another attempt would fail the same way (or repeat side effects that have
-            # happened): FAILED now, and the queue row is done with.
+        if hopeless:
             log.error("django task %s: %s; FAILED, not retried", django_task.module_path, exc)
             return
         raise
-    results.succeed(db, result_id, value)
-    task_finished.send(sender=sender, task_result=results.get(db, result_id))
+    table.succeed(result_id, value)
+    task_finished.send(sender=sender, task_result=table.get(result_id))
 
 
 def _call(django_task: Any, args: Any, kwargs: Any, db: str) -> Any:
@@ -235,15 +219,15 @@ def _maybe_prune(backend: Any) -> None:
     from django.db import transaction
 
     from slotd import repository
-    from slotd.contrib.django import results
+    from slotd.contrib.django.database import cursor
 
     try:
-        with transaction.atomic(using=backend.database), results.cursor(backend.database) as c:
+        with transaction.atomic(using=backend.database), cursor(backend.database) as c:
             params = {"chore": PRUNE_CHORE, "period_s": PRUNE_PERIOD.total_seconds() * 0.95}
             found = repository.execute(c, "elect_chore", params, schema=backend.schema)
             elected = found.fetchone() is not None
         if elected:
-            pruned = results.prune(backend.database, backend.result_retention)
+            pruned = backend.results.prune(backend.result_retention)
             log.info("pruned %d django task results", pruned, extra={"pruned": pruned})
     except Exception:  # noqa: BLE001 - housekeeping never fails the task it follows
         log.exception("pruning django task results failed")

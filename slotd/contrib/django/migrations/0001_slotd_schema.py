@@ -4,7 +4,7 @@ running either command first, or both, is fine."""
 
 from django.db import migrations
 
-from slotd.contrib.django.database import apply_slotd_schema
+from slotd.contrib.django.configured import apply_slotd_schema
 
 # The newest sql/ migration this Django migration brings (tests/test_django_schema.py).
 SLOTD_SQL_THROUGH = 3

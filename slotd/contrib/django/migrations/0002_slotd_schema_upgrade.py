@@ -6,7 +6,7 @@ Every release that adds SQL ships one more of these (tests/test_django_schema.py
 
 from django.db import migrations
 
-from slotd.contrib.django.database import apply_slotd_schema
+from slotd.contrib.django.configured import apply_slotd_schema
 
 # The newest sql/ migration this Django migration brings (tests/test_django_schema.py).
 SLOTD_SQL_THROUGH = 11

@@ -5,7 +5,7 @@ SLOTD_SQL_THROUGH here rather than adding a migration per SQL file."""
 
 from django.db import migrations
 
-from slotd.contrib.django.database import apply_slotd_schema
+from slotd.contrib.django.configured import apply_slotd_schema
 
 # The newest sql/ migration this Django migration brings (tests/test_django_schema.py).
 SLOTD_SQL_THROUGH = 17

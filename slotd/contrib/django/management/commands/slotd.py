@@ -28,16 +28,16 @@ class Command(BaseCommand):
 
     def handle(self, *_: Any, action: str, slotd_args: list[str], **options: Any) -> None:
         args = slotd_args
-        from slotd.contrib.django import database, worker
+        from slotd.contrib.django import configured, database
 
         try:
-            backends = worker.slotd_backends()
+            backends = configured.slotd_backends()
             if not backends:
                 raise ConfigError("no TASKS backend is slotd.contrib.django.SlotdBackend")
             if action == "prune_results":
                 self._prune(backends, args)
                 return
-            alias = worker.database_alias(backends)
+            alias = configured.database_alias(backends)
             missing = database.unapplied_migrations(alias)
             if missing:
                 raise ConfigError(
@@ -45,7 +45,7 @@ class Command(BaseCommand):
                     "run manage.py migrate"
                 )
             url = database.conninfo(alias)
-            schema = database.schema_of(alias)
+            schema = configured.schema_of(alias)
             given = os.environ.get("SLOTD_SCHEMA", "").strip()
             if given and given != schema:
                 raise ConfigError(
@@ -65,12 +65,10 @@ class Command(BaseCommand):
         main.main(args=argv, prog_name="manage.py slotd")
 
     def _prune(self, backends: list[Any], args: list[str]) -> None:
-        from slotd.contrib.django import results
-
         if args:
             raise ConfigError(f"prune_results takes no arguments; got {args}")
         for backend in backends:
-            pruned = results.prune(backend.database, backend.result_retention)
+            pruned = backend.results.prune(backend.result_retention)
             self.stdout.write(
                 f"pruned {pruned} task results of TASKS[{backend.alias!r}] older than "
                 f"{backend.result_retention}"
