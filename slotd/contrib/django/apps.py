@@ -15,6 +15,10 @@ class SlotdConfig(AppConfig):
 
     def ready(self) -> None:
         checks.register(check_migrated, checks.Tags.database)
+        # Django registers the TASKS backends' checks (bad QUEUES, misspelt OPTIONS, this
+        # app missing beside another installed app) only when django.tasks is imported,
+        # which a fresh project's `manage.py check` never does: import it here.
+        import django.tasks  # noqa: F401
 
 
 def check_migrated(

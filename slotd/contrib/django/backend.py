@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from difflib import get_close_matches
 from typing import Any
 
 import psycopg
@@ -96,8 +97,30 @@ class QueueConfig:
     max_attempts: int
 
 
+# QUEUES: [] is Django's "any queue name": every queue not named in QUEUE_OPTIONS shares
+# this one slotd task type (a queue's type is TYPE_PREFIX + its name, which never has a
+# colon after "django"), so one worker drains them all.
+ANY_QUEUE = "*"
+ANY_QUEUE_TYPE = "django:any"
+# What OPTIONS may say, and what each QUEUE_OPTIONS entry may: a misspelt key would
+# otherwise be a silently ignored setting (a CEILNG that leaves the 10-minute ceiling).
+OPTION_KEYS = ("CEILING", "MAX_ATTEMPTS", "QUEUE_OPTIONS", "DATABASE", "RESULT_RETENTION", "SCHEMA")
+QUEUE_OPTION_KEYS = ("CEILING", "MAX_ATTEMPTS")
+
+
 def task_type_for(queue_name: str) -> str:
     return f"{TYPE_PREFIX}{queue_name}"
+
+
+def _unknown_keys(given: Any, known: tuple[str, ...], where: str) -> None:
+    if not isinstance(given, dict):
+        raise ConfigError(f"{where} must be a dict, not {type(given).__name__}")
+    for key in given:
+        if key in known:
+            continue
+        near = get_close_matches(str(key).upper(), known, n=1, cutoff=0.6)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigError(f"{where} has an unknown key {key!r}{hint}; known: {', '.join(known)}")
 
 
 class SlotdBackend(BaseTaskBackend):
@@ -118,13 +141,20 @@ class SlotdBackend(BaseTaskBackend):
     # configuration
 
     def queue_configs(self) -> list[QueueConfig]:
-        """One slotd task type per declared queue. Raises ConfigError on bad OPTIONS."""
+        """One slotd task type per declared queue; with QUEUES [] (any name), one per queue
+        in QUEUE_OPTIONS and ANY_QUEUE's for the rest. Raises ConfigError on bad OPTIONS."""
+        _unknown_keys(self.options, OPTION_KEYS, "OPTIONS")
         per_queue: dict[str, dict[str, Any]] = self.options.get("QUEUE_OPTIONS", {})
-        unknown = sorted(set(per_queue) - self.queues)
+        if not isinstance(per_queue, dict):
+            raise ConfigError(f"QUEUE_OPTIONS must be a dict, not {type(per_queue).__name__}")
+        for name, own in per_queue.items():
+            _unknown_keys(own, QUEUE_OPTION_KEYS, f"QUEUE_OPTIONS[{name!r}]")
+        unknown = sorted(set(per_queue) - self.queues) if self.queues else []
         if unknown:
             raise ConfigError(f"QUEUE_OPTIONS names queues not in QUEUES: {unknown}")
+        names = sorted(self.queues) if self.queues else [*sorted(per_queue), ANY_QUEUE]
         configs = []
-        for name in sorted(self.queues):
+        for name in names:
             own = {**self.options, **per_queue.get(name, {})}
             ceiling = parse_duration(own.get("CEILING", DEFAULT_CEILING), name="CEILING")
             if ceiling <= timedelta(0):
@@ -132,13 +162,17 @@ class SlotdBackend(BaseTaskBackend):
             attempts = own.get("MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS)
             if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
                 raise ConfigError(f"queue {name!r}: MAX_ATTEMPTS must be a whole number >= 1")
-            configs.append(QueueConfig(name, task_type_for(name), ceiling, attempts))
+            task_type = ANY_QUEUE_TYPE if name == ANY_QUEUE else task_type_for(name)
+            configs.append(QueueConfig(name, task_type, ceiling, attempts))
         return configs
 
     def queue_config(self, queue_name: str) -> QueueConfig:
-        for config in self.queue_configs():
+        configs = self.queue_configs()
+        for config in configs:
             if config.name == queue_name:
                 return config
+        if not self.queues:
+            return next(config for config in configs if config.name == ANY_QUEUE)
         raise InvalidTask(f"Queue '{queue_name}' is not valid for backend.")
 
     @property
@@ -171,12 +205,8 @@ class SlotdBackend(BaseTaskBackend):
                 "queue's tables (without it, enqueue fails: relation slotd_tasks does not exist)",
                 hint='Add "slotd.contrib.django" to INSTALLED_APPS and run manage.py migrate.',
             )
-        if not self.queues:
-            error(
-                "QUEUES must list the queues: the slotd worker registers one task type each.",
-                hint='For example "QUEUES": ["default"].',
-            )
-        for name in sorted(self.queues):
+        per_queue = self.options.get("QUEUE_OPTIONS", {})
+        for name in sorted(self.queues or (per_queue if isinstance(per_queue, dict) else ())):
             if not TYPE_NAME.match(task_type_for(name)):
                 error(
                     f"queue name {name!r} cannot be a slotd task type",
@@ -196,7 +226,7 @@ class SlotdBackend(BaseTaskBackend):
 
     def validate_task(self, task: Task) -> None:
         super().validate_task(task)
-        if not TYPE_NAME.match(task_type_for(task.queue_name)):
+        if self.queues and not TYPE_NAME.match(task_type_for(task.queue_name)):
             raise InvalidTask(
                 f"Queue '{task.queue_name}' cannot be a slotd task type: use lower case "
                 "letters, digits and _ . : -"

@@ -16,7 +16,7 @@ from django.tasks import task_backends
 
 from slotd.config import default_schema
 from slotd.contrib.django.backend import SlotdBackend
-from slotd.contrib.django.database import conninfo, raw_connection
+from slotd.contrib.django.database import conninfo, raw_connection, unapplied_migrations
 from slotd.errors import ConfigError
 
 
@@ -46,6 +46,17 @@ def database_alias(backends: list[SlotdBackend]) -> str:
             "one database: give them the same OPTIONS DATABASE"
         )
     return aliases[0]
+
+
+def require_migrated(alias: str) -> None:
+    """ConfigError in Django's words (slotd's own would say "run slotd migrate"): a Django
+    project's slotd tables come from its migrations."""
+    missing = unapplied_migrations(alias)
+    if missing:
+        raise ConfigError(
+            f"slotd's migrations {missing} are not applied to database {alias!r}: "
+            "run manage.py migrate"
+        )
 
 
 def schema_of(alias: str) -> str:

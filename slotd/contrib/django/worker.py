@@ -42,12 +42,25 @@ def registry() -> Registry:
     import django
 
     django.setup()
+    from django.apps import apps
+    from django.db import DatabaseError
+
     from slotd.contrib.django import configured, database
+
+    if not apps.is_installed("slotd.contrib.django"):
+        raise ConfigError(
+            'add "slotd.contrib.django" to INSTALLED_APPS and run manage.py migrate: its '
+            "migrations create the queue's tables"
+        )
 
     reg = build_registry()
     # The database Django enqueues into is the one to drain: `slotd run` uses it unless
     # SLOTD_DATABASE_URL says otherwise (and then warns if the two differ).
     alias = configured.database_alias(configured.slotd_backends())
+    try:
+        configured.require_migrated(alias)
+    except DatabaseError:
+        pass  # a database that is down: `slotd run` says so, and waits for it
     reg.database_url = database.conninfo(alias)
     schema = configured.schema_of(alias)
     if schema != default_schema():

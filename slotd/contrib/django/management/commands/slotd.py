@@ -38,12 +38,7 @@ class Command(BaseCommand):
                 self._prune(backends, args)
                 return
             alias = configured.database_alias(backends)
-            missing = database.unapplied_migrations(alias)
-            if missing:
-                raise ConfigError(
-                    f"slotd's migrations {missing} are not applied to database {alias!r}: "
-                    "run manage.py migrate"
-                )
+            configured.require_migrated(alias)
             url = database.conninfo(alias)
             schema = configured.schema_of(alias)
             given = os.environ.get("SLOTD_SCHEMA", "").strip()
