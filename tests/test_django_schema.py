@@ -25,3 +25,13 @@ def test_the_newest_django_migration_brings_the_newest_sql() -> None:
         f"sql/ goes up to {newest_sql:03d} but {newest_django} brings only up to "
         f"{declared[newest_django]:03d}: add a Django migration running apply_slotd_schema"
     )
+
+
+def test_every_django_migration_imports_the_step_from_its_layer() -> None:
+    # slotd.contrib.django is layered (database < results < backend < configured < worker):
+    # the step lives in `configured`, which knows the backends' schema; the old
+    # `database.apply_slotd_schema` is gone, so a new migration copied from an old one fails.
+    for path in sorted(DJANGO_MIGRATIONS.glob("[0-9][0-9][0-9][0-9]_*.py")):
+        assert "from slotd.contrib.django.configured import apply_slotd_schema" in (
+            path.read_text()
+        ), f"{path.name}: import apply_slotd_schema from slotd.contrib.django.configured"

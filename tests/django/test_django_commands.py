@@ -203,6 +203,18 @@ def test_an_unmigrated_database_is_reported_by_check_and_refused_by_the_commands
         refused = manage(action, env=env)
         assert refused.returncode == 2, refused
         assert "are not applied to database 'default': run manage.py migrate" in refused.stderr
+    # `slotd run --app` says it in Django's words too, not "run slotd migrate" (#42 item 8).
+    app = "slotd.contrib.django.worker:registry"
+    direct = subprocess.run(
+        [sys.executable, "-m", "slotd", "run", "--app", app, "--slots", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert direct.returncode == 2, direct
+    assert "run manage.py migrate" in direct.stderr and "slotd migrate" not in direct.stderr
 
 
 def test_a_database_migrated_under_0_1_gets_the_new_sql_from_manage_py_migrate(

@@ -1,6 +1,7 @@
 """A minimal Django project on the test suite's PostgreSQL (tests/django/conftest.py sets
 SLOTD_DJANGO_TEST_DATABASE_URL to a database of the session's server)."""
 
+import json
 import os
 
 from psycopg.conninfo import conninfo_to_dict
@@ -39,5 +40,8 @@ TASKS = {
         },
     }
 }
+# tests/django/test_django_contract.py runs manage.py with other TASKS (JSON).
+if os.environ.get("SLOTD_DJANGO_TEST_TASKS"):
+    TASKS = json.loads(os.environ["SLOTD_DJANGO_TEST_TASKS"])
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGGING_CONFIG = None

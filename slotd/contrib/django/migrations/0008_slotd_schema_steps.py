@@ -3,7 +3,7 @@ steps, snoozes): a no-op where they are current (see 0002)."""
 
 from django.db import migrations
 
-from slotd.contrib.django.database import apply_slotd_schema
+from slotd.contrib.django.configured import apply_slotd_schema
 
 # The newest sql/ migration this Django migration brings (tests/test_django_schema.py).
 SLOTD_SQL_THROUGH = 71

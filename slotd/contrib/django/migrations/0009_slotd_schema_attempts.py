@@ -4,7 +4,7 @@ attempts a task ran, #37), which landed after sql/071: a no-op where they are cu
 
 from django.db import migrations
 
-from slotd.contrib.django.database import apply_slotd_schema
+from slotd.contrib.django.configured import apply_slotd_schema
 
 # The newest sql/ migration this Django migration brings (tests/test_django_schema.py): 071
 # is still the newest number; this one brings 030, numbered from #37's range.
