@@ -37,6 +37,8 @@ __all__ = [
     "batch",
     "batch_async",
     "cancel",
+    "emit",
+    "emit_async",
     "enqueue",
     "enqueue_async",
     "enqueue_many",
@@ -53,6 +55,7 @@ __version__ = "0.2.0.dev0"
 from slotd.producer.batches import batch, batch_async  # noqa: E402
 from slotd.producer.control import cancel, pause, resume  # noqa: E402
 from slotd.producer.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async  # noqa: E402
+from slotd.producer.events import emit, emit_async  # noqa: E402
 from slotd.producer.results import (  # noqa: E402
     Attempt,
     TaskResult,

@@ -69,6 +69,12 @@ class RetryAfter(SlotdError):
         super().__init__(message or f"retry after {self.delay_s:g}s")
 
 
+class Suspended(BaseException):  # noqa: N818 - a signal to slotd, not an error
+    """Raised by ctx.sleep / ctx.wait_event once the wait is written: the attempt ends here
+    and the task runs again from the top when it wakes. A BaseException, so a handler's
+    `except Exception` does not swallow it; let it through."""
+
+
 class StepMismatch(SlotdError):
     """A run's durable steps no longer match the ones its task stored (the handler's code
     changed under a task that took steps): the step is named; nothing runs twice."""

@@ -26,6 +26,8 @@ class Outcome(StrEnum):
     EXPIRED = "expired"
     # The handler raised slotd.Snooze: due again later, no attempt spent.
     SNOOZED = "snoozed"
+    # A durable sleep or event wait ended the attempt (its write released the lease).
+    SUSPENDED = "suspended"
 
 
 # What the runner (or the slot on its behalf) reports about a handler call.
@@ -36,6 +38,7 @@ SHUTDOWN = "shutdown"  # raised Cancelled, or still running when the shutdown gr
 KILLED = "killed"  # ended by the watchdog after the deadline and the kill grace
 CRASHED = "crashed"  # the runner died under the handler
 SNOOZE = "snooze"  # raised slotd.Snooze: Result.extra[SNOOZE_S] says for how long
+SUSPEND = "suspend"  # a durable sleep or wait, already written: nothing left to settle
 
 # Result.extra keys the handler's decisions (slotd/runner/decisions.py) give its settlement.
 SNOOZE_S = "snooze_s"  # seconds until a snoozed task is due again

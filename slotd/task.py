@@ -7,16 +7,19 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from slotd.errors import Cancelled, DeadlineExceeded, LeaseLost, StepMismatch
+from slotd.errors import Cancelled, DeadlineExceeded, LeaseLost, StepMismatch, Suspended
 from slotd.payload import encode, encode_result
 
 # A step's stored value, written to the slot (the runner's pipe) and stored: (place in the
 # run, name, JSON text) -> whether the fenced write matched.
 StepWriter = Callable[[int, str, str], bool]
 AsyncStepWriter = Callable[[int, str, str], Awaitable[bool]]
+# A durable wait (place, step name, event or None, seconds or None) -> (verdict, data).
+WaitWriter = Callable[[int, str, str | None, float | None], tuple[str, Any]]
+AsyncWaitWriter = Callable[[int, str, str | None, float | None], Awaitable[tuple[str, Any]]]
 _NOT_STORED = object()
 
 
@@ -67,6 +70,8 @@ class Context:
         steps: Sequence[Mapping[str, Any]] | None = None,
         write_step: StepWriter | None = None,
         write_step_async: AsyncStepWriter | None = None,
+        write_wait: WaitWriter | None = None,
+        write_wait_async: AsyncWaitWriter | None = None,
     ) -> None:
         self.task = task
         # Durable steps: what earlier attempts stored (name, value), in the order they ran,
@@ -75,6 +80,9 @@ class Context:
         self._taken: list[str] = []
         self._write_step = write_step
         self._write_step_async = write_step_async
+        self._write_wait = write_wait
+        self._write_wait_async = write_wait_async
+        self._sleeps = 0  # this run's sleeps, which name their steps
         self.deadline = deadline
         self._write_cursor = write_cursor
         self._write_cursor_async = write_cursor_async
@@ -228,3 +236,85 @@ class Context:
         self._taken.append(name)
         self._stored.append((name, value))
         return value
+
+    # durable sleeps and events (#38)
+
+    def sleep(self, duration: timedelta) -> None:
+        """A durable sleep: the attempt ends here and frees its slot; the task is
+        `waiting`, and runs again from the top after `duration`, its steps replayed and
+        this sleep served. Costs no attempt."""
+        self._wait_now(*self._sleep_args(_seconds(duration, "ctx.sleep")))
+
+    def sleep_until(self, when: datetime) -> None:
+        """`sleep` until an aware datetime."""
+        self.sleep(_until(when))
+
+    def wait_event(self, name: str, timeout: timedelta | None = None) -> Any:
+        """Wait, durably, for `slotd.emit(conn, name, data)`: its JSON data, or None when
+        `timeout` passes first. An emit committed before the wait began (kept for
+        SLOTD_RETENTION) is seen at once; otherwise the attempt ends here, as for a sleep,
+        until the emit commits or the timeout passes. Once per name in a run."""
+        return self._wait_now(*self._event_args(name, timeout))
+
+    async def sleep_async(self, duration: timedelta) -> None:
+        await self._wait_async(*self._sleep_args(_seconds(duration, "ctx.sleep")))
+
+    async def sleep_until_async(self, when: datetime) -> None:
+        await self.sleep_async(_until(when))
+
+    async def wait_event_async(self, name: str, timeout: timedelta | None = None) -> Any:
+        return await self._wait_async(*self._event_args(name, timeout))
+
+    def _sleep_args(self, seconds: float) -> tuple[str, str | None, float | None]:
+        self._sleeps += 1
+        return f"slotd.sleep:{self._sleeps}", None, seconds
+
+    def _event_args(
+        self, name: str, timeout: timedelta | None
+    ) -> tuple[str, str | None, float | None]:
+        if not isinstance(name, str) or not name:
+            raise TypeError("wait_event: an event's name must be a non-empty string")
+        seconds = None if timeout is None else _seconds(timeout, "wait_event's timeout")
+        return f"slotd.event:{name}", name, seconds
+
+    def _wait_now(self, step: str, event: str | None, seconds: float | None) -> Any:
+        index, stored = self._replay(step)
+        if stored is not _NOT_STORED:
+            return stored
+        if self._write_wait is None:
+            raise RuntimeError("durable sleeps and events need a queue to wait in")
+        return self._waited(index, step, *self._write_wait(index, step, event, seconds))
+
+    async def _wait_async(self, step: str, event: str | None, seconds: float | None) -> Any:
+        index, stored = self._replay(step)
+        if stored is not _NOT_STORED:
+            return stored
+        if self._write_wait_async is not None:
+            answer = await self._write_wait_async(index, step, event, seconds)
+        elif self._write_wait is not None:
+            answer = self._write_wait(index, step, event, seconds)
+        else:
+            raise RuntimeError("durable sleeps and events need a queue to wait in")
+        return self._waited(index, step, *answer)
+
+    def _waited(self, index: int, step: str, verdict: str | None, data: Any) -> Any:
+        if verdict is None:
+            raise LeaseLost(f"task {self.task.id}: {step} not written, the lease is not ours")
+        if verdict == "suspend":
+            raise Suspended(step)
+        value = data if verdict == "event" else None
+        self._taken.append(step)
+        self._stored.append((step, value))
+        return value
+
+
+def _seconds(value: timedelta, what: str) -> float:
+    if not isinstance(value, timedelta) or value < timedelta(0):
+        raise TypeError(f"{what} takes a timedelta >= 0, not {value!r}")
+    return value.total_seconds()
+
+
+def _until(when: datetime) -> timedelta:
+    if not isinstance(when, datetime) or when.tzinfo is None:
+        raise TypeError(f"sleep_until takes an aware datetime, not {when!r}")
+    return max(when - datetime.now(UTC), timedelta(0))

@@ -45,7 +45,8 @@
 --   running                       under a live lease (a cancelled attempt too, until it
 --                                 settles);
 --   expired                       past its expires_at: it will never start, swept or not;
---   waiting                       on its parents (run_at = 'infinity', sql/019);
+--   waiting                       on its parents (run_at = 'infinity', sql/019), or on a
+--                                 durable sleep or an event (wait_step, sql/072);
 --   retrying                      an attempt ran and failed, the next is due later;
 --   scheduled                     not due yet, no attempt ran;
 --   pending                       due, waiting for a slot.
@@ -59,7 +60,7 @@
                 ELSE 'failed' END
       WHEN {lease_live} THEN 'running'
       WHEN NOT {unexpired} THEN 'expired'
-      WHEN NOT isfinite(t.run_at) THEN 'waiting'
+      WHEN NOT isfinite(t.run_at) OR t.wait_step IS NOT NULL THEN 'waiting'
       WHEN t.run_at > now() AND t.attempt_count > 0 THEN 'retrying'
       WHEN t.run_at > now() THEN 'scheduled'
       ELSE 'pending' END)
@@ -788,6 +789,79 @@ SET steps = CASE WHEN jsonb_array_length(coalesce(t.steps, '[]'::jsonb)) = %(ind
 WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid AND t.cancelled_at IS NULL
   AND (jsonb_array_length(coalesce(t.steps, '[]'::jsonb)) = %(index)s::int
        OR t.steps -> %(index)s::int ->> 'name' = %(name)s::text)
+
+-- name: event_lock
+-- Taken by its own statement before `wait_step` looks for an event, in the same transaction,
+-- as slotd_emit (sql/072) takes it before it writes one: the look's snapshot then sees an
+-- emit that held the lock before, and an emit after it sees this wait (see sql/072).
+SELECT pg_advisory_xact_lock(hashtextextended('slotd.event:' || %(event)s::text, 0))
+
+-- name: wait_step
+-- A durable sleep or event wait (ctx.sleep, ctx.wait_event; slotd/lifecycle/, "suspended"),
+-- fenced on the lease, at place %(index)s of the task's steps, in ONE statement: it looks for
+-- the event (kept in slotd_events since its emit) and decides, so no emit is ever missed:
+--   event    the event was emitted: its data is stored as the step's value; the attempt
+--            goes on;
+--   due      the task was suspended on this very step and its wake time has come (a
+--            sleep served, an event's timeout passed): the step's value is null; goes on;
+--   suspend  the wait is registered (wait_step, wait_event, wait_until; the wake time
+--            kept from an earlier suspension on the same step), the lease released, the
+--            task due at the wake time ('infinity': an event without a timeout, made due
+--            by its emit), and the attempt its claim burnt given back: a wait is not an
+--            attempt. The attempt then ends (outcome suspended) and frees its slot.
+-- Nothing matches when the lease is not ours, the task was cancelled, or the steps stored
+-- are not the %(index)s this run replayed (a concurrent attempt's).
+WITH held AS (
+    SELECT t.id, t.wait_step, t.wait_until FROM slotd_tasks t
+    WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid AND t.cancelled_at IS NULL
+      AND jsonb_array_length(coalesce(t.steps, '[]'::jsonb)) = %(index)s::int
+), emitted AS (
+    SELECT e.data FROM slotd_events e
+    WHERE %(event)s::text IS NOT NULL AND e.name = %(event)s::text
+    ORDER BY e.id DESC LIMIT 1
+), decided AS (
+    SELECT h.id,
+           CASE WHEN EXISTS (SELECT 1 FROM emitted) THEN 'event'
+                WHEN h.wait_step = %(name)s::text AND h.wait_until <= now() THEN 'due'
+                ELSE 'suspend' END AS verdict,
+           CASE WHEN h.wait_step = %(name)s::text THEN h.wait_until
+                ELSE now() + make_interval(secs => %(for_s)s::float8) END AS wake_at
+    FROM held h
+), written AS (
+    UPDATE slotd_tasks t
+    SET steps = CASE WHEN d.verdict = 'suspend' THEN t.steps
+                     ELSE coalesce(t.steps, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+                         'name', %(name)s::text,
+                         'value', coalesce((SELECT e.data FROM emitted e), 'null'::jsonb),
+                         'at', now())) END,
+        wait_step = CASE WHEN d.verdict = 'suspend' THEN %(name)s::text END,
+        wait_event = CASE WHEN d.verdict = 'suspend' THEN %(event)s::text END,
+        wait_until = CASE WHEN d.verdict = 'suspend' THEN d.wake_at END,
+        run_at = CASE WHEN d.verdict = 'suspend' THEN coalesce(d.wake_at, 'infinity')
+                      ELSE t.run_at END,
+        order_at = CASE WHEN d.verdict <> 'suspend' THEN t.order_at
+                        WHEN d.wake_at IS NULL THEN 'infinity'
+                        ELSE d.wake_at - {head_start} END,
+        attempt_count = CASE WHEN d.verdict = 'suspend' THEN greatest(t.attempt_count - 1, 0)
+                             ELSE t.attempt_count END,
+        lease_token = CASE WHEN d.verdict = 'suspend' THEN NULL ELSE t.lease_token END,
+        lease_expires_at = CASE WHEN d.verdict = 'suspend' THEN NULL
+                                ELSE t.lease_expires_at END
+    FROM decided d
+    WHERE t.id = d.id
+    RETURNING d.verdict
+)
+SELECT w.verdict, (SELECT e.data FROM emitted e) FROM written w
+
+-- name: emit
+SELECT slotd_emit(%(name)s::text, %(data)s::jsonb)
+
+-- name: events_prune
+-- Emits older than the retention (SLOTD_RETENTION): a wait that begins later misses them.
+DELETE FROM slotd_events e
+WHERE e.id IN (SELECT x.id FROM slotd_events x
+               WHERE x.emitted_at < now() - make_interval(secs => %(retention_s)s)
+               LIMIT %(batch)s)
 
 -- name: snooze
 -- A handler's `raise slotd.Snooze(td)` (slotd/lifecycle/, "snoozed"): the lease goes, the

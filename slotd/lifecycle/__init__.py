@@ -24,6 +24,14 @@ nothing, and is told so (`lost`).
   later attempt), and one whose write was refused raises LeaseLost in the handler's frame.
   The attempt count is left alone: a step is progress inside an attempt, not a slice.
   Idempotent by its place in the run, so a retry after a lost answer stores it once.
+- suspended: a durable sleep or event wait (ctx.sleep, ctx.wait_event, #38) is one fenced
+  statement (sql `wait_step`, after the event's advisory lock in its own statement, as
+  slotd_emit takes it): an event already emitted (kept for SLOTD_RETENTION) or a wake time
+  come is stored as the step's value and the attempt goes on; else the wait is registered,
+  the lease released, the task due at its wake time (or 'infinity' until its emit), and the
+  attempt its claim burnt given back (waiting is not an attempt). Looking and registering
+  in one statement under the lock is why no emit is ever missed. The attempt then ends
+  with nothing left to write (`settle`: outcome suspended).
 - settled, by what the handler did (`settle`):
   done       the row is deleted (sql `dequeue`), optionally claiming the next task in the
              same statement (`dequeue_claim`); for a type with keep_result (the Result
@@ -162,7 +170,7 @@ from slotd.lifecycle.by_outcome import (
     settle,
 )
 from slotd.lifecycle.handover import handed_over
-from slotd.lifecycle.holder import advance, claimed, conclude, step
+from slotd.lifecycle.holder import advance, claimed, conclude, step, wait
 from slotd.lifecycle.settlement import Logger, Settlement, Writer
 from slotd.lifecycle.sweeps import EXPIRE_BATCH, EXPIRE_ROUNDS, Swept, expire, lapse, sweep
 
@@ -188,4 +196,5 @@ __all__ = [
     "settle",
     "step",
     "sweep",
+    "wait",
 ]

@@ -52,6 +52,8 @@ def settle(
         if cancelled_by is not None and result.kind != kinds.DONE:
             what = f"({cancelled_by}); not retried"
             return _cancelled_instead(repo, claimed, result, logger, what)
+        if result.kind == kinds.SUSPEND:  # written by its wait already (`wait`)
+            return _done(Outcome.SUSPENDED, claimed, result, logger)
         if result.kind == kinds.SNOOZE:
             return _snoozed(repo, claimed, result, logger, backoff)
         if result.kind == kinds.DONE and claimed.linked and not (then_claim and then_claim[0]):

@@ -35,6 +35,18 @@ def step(repo: Repository, claimed: Claimed, index: int, name: str, value: str) 
     return repo.record_step(claimed.id, claimed.token, index, name, value)
 
 
+def wait(
+    repo: Repository,
+    claimed: Claimed,
+    index: int,
+    name: str,
+    event: str | None,
+    for_s: float | None,
+) -> tuple[str, Any] | None:
+    """A durable sleep or event wait, fenced on the lease (rule book, "suspended")."""
+    return repo.wait_step(claimed.id, claimed.token, index, name, event, for_s)
+
+
 def conclude(
     write: Writer[Settlement],
     ledger: Ledger,

@@ -114,7 +114,14 @@ class Lanes:
         self._cursor = conn.cursor() if conn.autocommit else None
 
     @contextmanager
-    def _bounded(self, lock_types: Sequence[str] = ()) -> Iterator[psycopg.Connection[Any]]:
+    def _bounded(
+        self,
+        lock_types: Sequence[str] = (),
+        before: tuple[str, Mapping[str, Any]] | None = None,
+    ) -> Iterator[psycopg.Connection[Any]]:
+        """`before`: a named statement (and its parameters) run first in the same
+        transaction, in its own statement (a lock whose wait must end before the next
+        statement's snapshot is taken: `event_lock`)."""
         conn = self.write
         bound = _sql("bound_async" if not self.synchronous_commit else "bound", self.schema)
         if not conn.autocommit:  # a caller's transaction: a savepoint inside it, as ever
@@ -122,6 +129,8 @@ class Lanes:
                 conn.execute(bound, self._bounds)
                 if lock_types:
                     conn.execute(_sql("claim_lock", self.schema), {"lock_types": list(lock_types)})
+                if before is not None:
+                    conn.execute(_sql(before[0], self.schema), before[1])
                 yield conn
             return
         # One pipeline, one Sync, no BEGIN/COMMIT: the server runs everything before a Sync
@@ -136,19 +145,25 @@ class Lanes:
                 conn.execute(bound, self._bounds)
             if lock_types:  # same transaction, before the claim: see claim_lock
                 conn.execute(_sql("claim_lock", self.schema), {"lock_types": list(lock_types)})
+            if before is not None:
+                conn.execute(_sql(before[0], self.schema), before[1])
             yield conn
 
     def _write(
-        self, name: str, params: Mapping[str, Any], lock_types: Sequence[str] = ()
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        lock_types: Sequence[str] = (),
+        before: tuple[str, Mapping[str, Any]] | None = None,
     ) -> tuple[int, list[tuple[Any, ...]]]:
         cur: psycopg.Cursor[Any]
-        if self._cursor is not None and not lock_types:
+        if self._cursor is not None and not lock_types and before is None:
             # A bound session's one statement: on the connection's own cursor (a new cursor
             # per execute and the context manager were a quarter of a settlement's CPU).
             cur = self._cursor
             cur.execute(_sql(name, self.schema), params)
         else:
-            with self._bounded(lock_types) as conn:
+            with self._bounded(lock_types, before) as conn:
                 cur = conn.execute(_sql(name, self.schema), params)
         # Not `cur.description`: it builds a Column object per column on every call.
         result = cur.pgresult

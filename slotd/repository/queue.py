@@ -411,6 +411,35 @@ class QueueProtocol(Lanes):
         count, _ = self._write("record_step", params)
         return count == 1
 
+    def wait_step(
+        self,
+        task_id: int,
+        token: uuid.UUID,
+        index: int,
+        name: str,
+        event: str | None,
+        for_s: float | None,
+    ) -> tuple[str, Any] | None:
+        """A durable sleep or event wait at place `index` (sql `wait_step`): (verdict, the
+        event's data) with verdict "event", "due" or "suspend"; None when the lease is
+        not ours, the task was cancelled or its steps are not the ones this run replayed."""
+        params = {
+            "id": task_id,
+            "token": token,
+            "index": index,
+            "name": name,
+            "event": event,
+            "for_s": for_s,
+        }
+        before = ("event_lock", {"event": event}) if event is not None else None
+        _, rows = self._write("wait_step", params, before=before)
+        return (str(rows[0][0]), rows[0][1]) if rows else None
+
+    def prune_events_batch(self, retention_s: float, batch: int = 1000) -> int:
+        """Up to `batch` emits older than the retention (sql `events_prune`)."""
+        count, _ = self._write("events_prune", {"retention_s": retention_s, "batch": batch})
+        return count
+
     def snooze(
         self, task_id: int, token: uuid.UUID, delay_s: float, max_snoozes: int
     ) -> tuple[int, bool] | None:

@@ -220,15 +220,30 @@ def _run(
         handler = _entered_handlers[task.type] = _entering(found)
     proc.set_title(f"runner {slot_no} running {task.type}#{task.id}")
 
-    def ask(message: tuple[Any, ...]) -> bool:
+    def exchange(message: tuple[Any, ...]) -> tuple[Any, ...]:
         # The exchange with the slot must not be torn by the deadline interrupt: a pending
         # interrupt is delivered right after, in the handler's frame.
         signal.pthread_sigmask(signal.SIG_BLOCK, {INTERRUPT})
         try:
             conn.send(message)
-            return _reply(message[0], conn.recv())
+            reply = conn.recv()
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {INTERRUPT})
+        _reply(message[0], reply)
+        return tuple(reply)
+
+    def ask(message: tuple[Any, ...]) -> bool:
+        return bool(exchange(message)[1])
+
+    def wait(i: int, name: str, event: str | None, for_s: float | None) -> tuple[str, Any]:
+        reply = exchange(("wait", i, name, event, for_s))  # ("wait_ok", verdict, error, data)
+        return reply[1], reply[3]
+
+    async def wait_async(
+        i: int, name: str, event: str | None, for_s: float | None
+    ) -> tuple[str, Any]:
+        # Brief (one statement, or the event's lock): the loop waits for the answer.
+        return wait(i, name, event, for_s)
 
     async def ask_async(message: tuple[Any, ...]) -> bool:
         # The loop keeps running while the slot writes. A cancel meanwhile leaves the
@@ -255,6 +270,8 @@ def _run(
         steps=steps,
         write_step=lambda i, name, text: ask(("step", i, name, text)),
         write_step_async=lambda i, name, text: ask_async(("step", i, name, text)),
+        write_wait=wait,
+        write_wait_async=wait_async,
     )
     threads = _threads_before()
     # Not cleared here: a cancel that lands while the task is being received stays (the

@@ -17,7 +17,7 @@ from typing import Any
 
 from slotd import lifecycle
 from slotd import outcome as kinds
-from slotd.errors import Cancelled, DeadlineExceeded
+from slotd.errors import Cancelled, DeadlineExceeded, Suspended
 from slotd.lifecycle import Settlement
 from slotd.outcome import Result, past
 from slotd.payload import encode_result
@@ -62,6 +62,9 @@ def execute(handler: Handler, ctx: Context, before: Callable[[], None] | None = 
         if before is not None:
             before()  # fault injection for chaos runs
         returned = call(handler, ctx)
+    except Suspended:  # a durable sleep or wait, written: the attempt ends here
+        took = time.monotonic() - started
+        return Result(kinds.SUSPEND, None, ctx.advanced, False, took, ctx.log_fields)
     except Cancelled as exc:
         kind, error, caught = kinds.SHUTDOWN, _describe(exc), exc
     except BaseException as exc:  # noqa: BLE001 - a handler's SystemExit is an error too
@@ -169,8 +172,15 @@ def process(
             is_cancelled,
             steps=claimed.steps,
             write_step=lambda i, name, text: lifecycle.step(repo, claimed, i, name, text),
+            write_wait=lambda i, name, event, for_s: _waited(
+                lifecycle.wait(repo, claimed, i, name, event, for_s)
+            ),
         )
         result = execute(handler, ctx, before)
     return lifecycle.settle(
         repo, claimed, result, shutting_down=is_cancelled(), logger=logger, registry=registry
     )
+
+
+def _waited(answer: tuple[str, Any] | None) -> tuple[Any, Any]:
+    return answer if answer is not None else (None, None)

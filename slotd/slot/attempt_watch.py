@@ -180,6 +180,9 @@ class AttemptWatch:
                     advanced = advanced or ok
                     runner_.conn.send(("cursor_ok", ok, error))
                     continue
+                if message is not None and message[0] == "wait":
+                    runner_.conn.send(("wait_ok", *self._wait(claimed, *message[1:])))
+                    continue
                 if message is not None and message[0] == "step":
                     runner_.conn.send(("step_ok", *self._step(claimed, *message[1:])))
                     continue
@@ -225,6 +228,23 @@ class AttemptWatch:
             s.log.warning("step write failed: %s", db.first_line(exc), extra=_ids(claimed))
             return False, db.first_line(exc)
         return bool(ok), None
+
+    def _wait(
+        self, claimed: Claimed, index: int, name: str, event: str | None, for_s: float | None
+    ) -> tuple[str | None, str | None, Any]:
+        """A durable sleep or event wait for the runner (lifecycle.wait): the verdict (None:
+        refused), the database's error (the handler's to see) and the event's data."""
+        s = self.slot
+        try:
+            answer = s._write(
+                lambda repo: lifecycle.wait(repo, claimed, index, name, event, for_s), claimed
+            )
+        except Exception as exc:  # noqa: BLE001 - bad data must not take the slot down
+            s.log.warning("wait write failed: %s", db.first_line(exc), extra=_ids(claimed))
+            return None, db.first_line(exc), None
+        if answer is None:
+            return None, None, None
+        return answer[0], None, answer[1]
 
 
 def _ids(claimed: Claimed) -> dict[str, Any]:

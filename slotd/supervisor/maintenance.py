@@ -47,6 +47,9 @@ def prune(
             pass
         while repo.prune_batches(retention.total_seconds(), batch=batch) >= batch:
             pass
+        # Emits kept for waits that begin late (ctx.wait_event), for the same retention.
+        while repo.prune_events_batch(retention.total_seconds(), batch=batch) >= batch:
+            pass
         return total, None
     except Exception as exc:
         return total, exc

@@ -149,3 +149,25 @@ def backoff(task: slotd.Task, ctx: slotd.Context) -> None:
     if task.payload.get("retry_after"):
         raise slotd.RetryAfter(timedelta(seconds=task.payload["retry_after"]))
     raise TimeoutError("slow upstream")
+
+
+# durable sleeps and events (#38)
+
+
+@registry.handler("dur.sleeper", ceiling=timedelta(seconds=30), max_attempts=1)
+def sleeper(task: slotd.Task, ctx: slotd.Context) -> None:
+    """A step, a durable sleep of payload["s"] seconds, then done: one attempt suffices."""
+    ctx.step("before", _side, task, "before", 1)
+    _record(task, "start")
+    ctx.sleep(timedelta(seconds=task.payload.get("s", 2)))
+    _record(task, "done")
+
+
+@registry.handler("dur.approval", ceiling=timedelta(seconds=30), max_attempts=1)
+def approval(task: slotd.Task, ctx: slotd.Context) -> None:
+    _record(task, "start")
+    timeout = task.payload.get("timeout_s")
+    data = ctx.wait_event(
+        task.payload["event"], timeout=None if timeout is None else timedelta(seconds=timeout)
+    )
+    _record(task, "done", note=None if data is None else str(data["by"]))
