@@ -123,6 +123,7 @@ def _register_commands() -> None:
         "examples",
         "dashboard",
         "results",
+        "events",
     ):
         try:
             module = importlib.import_module(f"slotd.commands.{name}")

@@ -10,6 +10,7 @@ import psycopg
 
 import slotd
 from tests.daemon import Daemon, wait_for
+from tests.test_control_runtime import cli
 
 APP = "tests.apps.durable:registry"
 
@@ -75,3 +76,11 @@ def test_an_event_emitted_before_and_after_the_wait_a_rollback_and_a_timeout(
     wait_for(lambda: _state(qconn, again) == "waiting", what="waiting on the SQL emit")
     qconn.execute("""SELECT slotd_emit('approved:4', '{"by": "sql"}')""")
     assert wait_for(lambda: _at(qconn, again, "done"), what="the SQL emit")[0][1] == "sql"
+    # And from the command line, committed.
+    cmd = slotd.enqueue(qconn, "dur.approval", {"event": "approved:5"})
+    wait_for(lambda: _state(qconn, cmd) == "waiting", what="waiting on the command's emit")
+    done = cli(db_url, "emit", "approved:5", '{"by": "cli"}')
+    assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr
+    assert wait_for(lambda: _at(qconn, cmd, "done"), what="the command's emit")[0][1] == "cli"
+    bad = cli(db_url, "emit", "approved:6", "{nope")
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("slotd: bad JSON"), bad.stderr
