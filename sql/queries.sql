@@ -1726,18 +1726,25 @@ SELECT count(*) FROM gone
 {rate_rows}
 
 -- name: dash_outcomes
--- The last hour of attempts by minute and outcome (slotd_outcomes: at most 120 minutes).
-SELECT o.minute, o.outcome, sum(o.count)::bigint AS count
+-- Attempts by bucket (%(unit)s: minute or hour), type and outcome over the last
+-- %(buckets)s buckets, the current one included: the charts' last hour by minute and last
+-- day by hour (slotd_outcomes keeps 25 hours). One type, or all with NULL. A range of the
+-- primary key, which leads with the minute: at most minutes x types x outcomes rows.
+SELECT date_trunc(%(unit)s, o.minute) AS minute, o.task_type, o.outcome,
+       sum(o.count)::bigint AS count
 FROM slotd_outcomes o
-WHERE o.minute >= date_trunc('minute', now()) - interval '59 minutes'
-GROUP BY o.minute, o.outcome
-ORDER BY o.minute, o.outcome
+WHERE o.minute >= date_trunc(%(unit)s, now())
+                  - (%(buckets)s - 1) * ('1 ' || %(unit)s)::interval
+  AND (%(task_type)s::text IS NULL OR o.task_type = %(task_type)s)
+GROUP BY 1, o.task_type, o.outcome
+ORDER BY 1, o.task_type, o.outcome
 
 -- name: record_outcomes
--- A supervisor's tally since its last heartbeat; minutes older than two hours go in the
+-- A supervisor's tally since its last heartbeat; minutes older than 25 hours go in the
 -- same statement (the primary key leads with the minute, so the prune is an index range).
+-- Kept 25 hours: the dashboard's last day by hour (at most 1,500 minutes x types x outcomes).
 WITH pruned AS (
-    DELETE FROM slotd_outcomes WHERE minute < now() - interval '2 hours'
+    DELETE FROM slotd_outcomes WHERE minute < now() - interval '25 hours'
 )
 INSERT INTO slotd_outcomes AS o (minute, task_type, outcome, count)
 SELECT * FROM unnest(%(minutes)s::timestamptz[], %(types)s::text[], %(outcomes)s::text[],

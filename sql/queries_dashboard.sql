@@ -122,8 +122,8 @@ LIMIT %(limit)s
 -- One minute's sample of the queue, per live type (a loose index scan finds the types):
 -- pending (the gauges' definition), running, and the wait of its oldest claimable task
 -- (what the starvation alert watches). Taken by the first replica to ask in a minute;
--- the others find the minute there and read nothing else. Minutes older than six hours
--- go in the same statement.
+-- the others find the minute there and read nothing else. Minutes older than 25 hours
+-- go in the same statement (the dashboard's last day by hour).
 WITH {live_types},
 fresh AS (
     SELECT date_trunc('minute', now()) AS minute
@@ -131,7 +131,7 @@ fresh AS (
                       WHERE h.minute = date_trunc('minute', now()))
 ), pruned AS (
     DELETE FROM slotd_queue_history h
-    WHERE h.minute < now() - interval '6 hours' AND EXISTS (SELECT 1 FROM fresh)
+    WHERE h.minute < now() - interval '25 hours' AND EXISTS (SELECT 1 FROM fresh)
 )
 INSERT INTO slotd_queue_history AS h (minute, task_type, pending, running, oldest_due_s)
 SELECT f.minute, l.task_type,
@@ -145,11 +145,17 @@ WHERE l.task_type IS NOT NULL
 ON CONFLICT (minute, task_type) DO NOTHING
 
 -- name: dash_history
--- The backlog charts: the last %(hours)s hours of samples (at most 360 minutes x types).
-SELECT h.minute, h.task_type, h.pending, h.running, h.oldest_due_s
+-- The backlog charts: the samples of the last %(buckets)s buckets (%(unit)s: minute or
+-- hour), the current one included, each bucket's highest (a day by hour: the peak of each
+-- hour's sixty samples). One type, or all with NULL. At most 1,500 minutes x types rows.
+SELECT date_trunc(%(unit)s, h.minute) AS minute, h.task_type, max(h.pending) AS pending,
+       max(h.running) AS running, max(h.oldest_due_s) AS oldest_due_s
 FROM slotd_queue_history h
-WHERE h.minute >= date_trunc('minute', now()) - make_interval(hours => %(hours)s)
-ORDER BY h.minute, h.task_type
+WHERE h.minute >= date_trunc(%(unit)s, now())
+                  - (%(buckets)s - 1) * ('1 ' || %(unit)s)::interval
+  AND (%(task_type)s::text IS NULL OR h.task_type = %(task_type)s)
+GROUP BY 1, h.task_type
+ORDER BY 1, h.task_type
 
 -- name: replica_leases
 -- Which slot holds which lease, between heartbeats: the chores thread writes it within

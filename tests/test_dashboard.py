@@ -274,7 +274,21 @@ def test_outcomes_chart_reads_the_outcome_record(client: TestClient, conn: Any) 
     )
     Repository(conn).record_outcomes([(minute, "audit", "success", 1)])
     page = client.get("/").text
-    assert "success 8" in page and "failure 2" in page and "(10 attempts" in page
+    assert "success 8" in page and "failure 2" in page and "10 attempts, 20% failed" in page
+    # Its y-axis: round ticks up to the peak (10 attempts in one minute), and its unit.
+    chart = re.search(r'data-chart="outcomes">(.*?)</figure>', page, re.S)
+    assert chart, page
+    ticks = re.findall(r'class="tick y-tick">([^<]+)<', chart.group(1))
+    assert ticks == ["0", "5", "10"], ticks
+    assert ">attempts / min<" in chart.group(1)
+    # The type's own page charts only its attempts; its row on the overview its rates.
+    row = re.search(r'<tr data-type="audit".*?</tr>', page, re.S)
+    assert row and re.search(r'data-kind="failed">20%<', row.group(0)), row
+    own = client.get("/types/audit")
+    assert own.status_code == 200 and "10 attempts, 20% failed" in own.text
+    day = client.get("/types/audit?window=day").text
+    assert ">attempts / h<" in day and "last day, by hour" in day
+    assert client.get("/?window=week").status_code == 400
 
 
 def test_paused_types_show_on_the_overview_and_schedules_page(
@@ -625,3 +639,70 @@ def test_overview_charts_the_backlog_and_flags_the_oldest_due(
     for field in ("pending", "running", "oldest_due_s"):
         chart = re.search(rf'data-chart="{field}">(.*?)</figure>', page, re.S)
         assert chart and chart.group(1).count("<polyline") == 2, field
+
+
+def test_a_live_update_is_the_pages_main_and_shares_one_read_per_page(
+    db_url: str, conn: Any
+) -> None:
+    """What static/dashboard.js asks for: the page's <main> with its [data-live] parts;
+    asks for the same page within half the interval read once (a tab more costs the
+    database nothing more), while a full load always reads afresh."""
+    slotd.enqueue(conn, "mail.send", {})
+    with make_client(db_url, refresh=timedelta(seconds=60)) as client:
+        full = client.get("/").text
+        assert 'data-refresh="60000"' in full and 'src="/static/dashboard.js"' in full
+        live = client.get("/", headers={"X-Slotd-Live": "1"})
+        assert live.status_code == 200
+        assert live.text.lstrip().startswith('<main id="main">') and "<header>" not in live.text
+        assert live.headers["content-security-policy"].startswith("default-src 'self'")
+        ids = set(re.findall(r'<div data-live id="([^"]+)"', live.text))
+        assert ids == set(re.findall(r'<div data-live id="([^"]+)"', full)) and ids
+
+        def pending(page: str) -> str:
+            cell = re.search(r'data-type="mail.send".*?data-kind="pending">(\d+)<', page, re.S)
+            assert cell, page
+            return cell.group(1)
+
+        assert pending(live.text) == "1"
+        slotd.enqueue(conn, "mail.send", {})
+        again = client.get("/", headers={"X-Slotd-Live": "1"}).text
+        assert pending(again) == "1"  # the same read, within half the interval
+        assert pending(client.get("/").text) == "2"  # a full load reads afresh
+        for path in ("/running", "/types/mail.send", f"/tasks/{slotd.enqueue(conn, 'x', {})}"):
+            part = client.get(path, headers={"X-Slotd-Live": "1"}).text
+            assert "<div data-live id=" in part and "<header>" not in part, path
+        client.app.state.dashboard.close()  # type: ignore[attr-defined]
+    with make_client(db_url, refresh=None) as client:
+        assert 'data-refresh="0"' in client.get("/").text  # off: snapshots, as before
+        client.app.state.dashboard.close()  # type: ignore[attr-defined]
+
+
+def test_the_refresh_setting_is_a_second_or_more_or_off(monkeypatch: Any) -> None:
+    from slotd.errors import ConfigError
+
+    for text, expected in (
+        ("off", None),
+        ("10s", timedelta(seconds=10)),
+        ("", timedelta(seconds=5)),
+    ):
+        monkeypatch.setenv("SLOTD_DASHBOARD_REFRESH", text)
+        assert DashboardSettings.from_env().refresh == expected
+    for bad in ("0.5s", "soon"):
+        monkeypatch.setenv("SLOTD_DASHBOARD_REFRESH", bad)
+        with pytest.raises(ConfigError, match="SLOTD_DASHBOARD_REFRESH"):
+            DashboardSettings.from_env()
+
+
+def test_a_types_page_shows_its_counts_live_tasks_and_dead_letters(
+    client: TestClient, conn: Any
+) -> None:
+    slotd.enqueue(conn, "mail.send", {}, key="to:ann")
+    dead = dead_letter(conn, "mail.send")
+    slotd.enqueue(conn, "other", {})
+    page = client.get("/types/mail.send").text
+    assert re.search(r'data-kind="pending">1<', page) and re.search(r'data-kind="dead">', page)
+    assert "to:ann" in page and f'/tasks/{dead}"' in page and "ValueError: bad org 7" in page
+    assert "no live replica has a handler for it" in page
+    assert "/tasks/" in page and "other" not in page.split("<main", 1)[1]
+    assert 'href="/types/mail.send"' in client.get("/").text  # linked from the overview
+    assert client.get("/types/bad%20name").status_code == 400

@@ -1,6 +1,8 @@
 """The dashboard behind a real PgBouncer (Debian's 1.18) in transaction mode, as a
-production deployment puts it: no prepared statement through the pool, and no setting of
-the dashboard's left on a server connection for the pool's other clients."""
+production deployment puts it: no prepared statement through the pool, no setting of the
+dashboard's left on a server connection for the pool's other clients, and live pages that
+work there as they do straight to the server (polls: one short transaction each, no LISTEN,
+no connection held between two)."""
 
 from __future__ import annotations
 
@@ -59,6 +61,8 @@ def pages_of(conn: psycopg.Connection[Any]) -> list[str]:
         f"/tasks/{dead}",
         f"/tasks/{running}",
         "/schedules",
+        "/types/audit",
+        "/?window=day",
     ]
 
 
@@ -91,6 +95,21 @@ def test_every_page_reloads_through_a_transaction_pooler_and_leaves_no_session_s
                 done = client.post("/dead/action", data={**form, "id": dead})
                 assert done.status_code in (200, 303), done.text[-500:]
                 assert bystander.execute("SHOW statement_timeout").fetchone() != ("4321ms",)
+            # Live pages: each update is one short transaction, nothing held between two, so
+            # they stay on behind a transaction pooler; the one server connection is the
+            # bystander's between two updates (a pinned one would hang its statement).
+            live = create_app(url, settings=DashboardSettings(refresh=timedelta(seconds=1)))
+            try:
+                with TestClient(live, base_url="http://127.0.0.1") as client:
+                    for path in ("/", "/running", f"/tasks/{paths[6].rsplit('/', 1)[1]}"):
+                        for _ in range(RELOADS):
+                            reply = client.get(path, headers={"X-Slotd-Live": "1"})
+                            assert reply.status_code == 200, (path, reply.text[-500:])
+                            assert "<div data-live id=" in reply.text, path
+                            assert bystander.execute("SELECT 1").fetchone() == (1,)
+                    assert 'data-refresh="1000"' in client.get("/").text
+            finally:
+                live.state.dashboard.close()
             prepared = bystander.execute("SELECT count(*) FROM pg_prepared_statements")
             assert prepared.fetchone() == (0,)
         finally:

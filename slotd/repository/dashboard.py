@@ -45,8 +45,12 @@ class DashboardReads:
         params = {"types": list(types), "cap": self.COUNT_CAP}
         return _dicts(self.conn.execute(_sql("dash_counts", self.schema), params))
 
-    def outcomes(self) -> list[dict[str, Any]]:
-        return _dicts(self.conn.execute(_sql("dash_outcomes", self.schema)))
+    def outcomes(
+        self, unit: str, buckets: int, task_type: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Attempts by minute or hour (`unit`), type and outcome, the last `buckets`."""
+        params = {"unit": unit, "buckets": buckets, "task_type": task_type}
+        return _dicts(self.conn.execute(_sql("dash_outcomes", self.schema), params))
 
     def running(self, lease_margin: timedelta, limit: int = 200) -> list[dict[str, Any]]:
         params = {"margin_s": lease_margin.total_seconds(), "limit": limit}

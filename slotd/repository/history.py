@@ -33,7 +33,14 @@ def recent_outcomes(
 
 
 def queue_history(
-    target: Executor, hours: int, *, schema: str | None = None
+    target: Executor,
+    unit: str,
+    buckets: int,
+    task_type: str | None = None,
+    *,
+    schema: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The last `hours` hours of backlog samples, oldest first."""
-    return _dicts(target.execute(_sql("dash_history", schema), {"hours": hours}))
+    """The backlog samples of the last `buckets` minutes or hours (`unit`), each bucket's
+    highest, oldest first; one type's or every type's."""
+    params = {"unit": unit, "buckets": buckets, "task_type": task_type}
+    return _dicts(target.execute(_sql("dash_history", schema), params))

@@ -3,6 +3,8 @@ under `slotd dashboard`, or mounted in the user's own FastAPI/Starlette app."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from slotd import db
 from slotd.config import Settings
 from slotd.registry import validate_type_name
 from slotd.repository import DashboardReads, Repository
-from slotd.web import actions, formats, listings, pages
+from slotd.web import actions, charts, formats, listings, pages
 from slotd.web.database import Database
 from slotd.web.security import (
     CSRF_COOKIE,
@@ -49,6 +51,10 @@ SECURITY_HEADERS = {
 }
 
 Handler = Callable[[Request, str], Awaitable[Response]]
+# The header static/dashboard.js sends when it asks for a page's live parts again.
+LIVE_HEADER = "x-slotd-live"
+# How many pages' live reads are kept for sharing (a page is its path and query).
+LIVE_PAGES = 64
 
 
 class Dashboard:
@@ -64,6 +70,8 @@ class Dashboard:
         )
         env.filters.update(formats.FILTERS)
         self.templates = Jinja2Templates(env=env)
+        self._shared: dict[str, tuple[float, Any]] = {}
+        self._shared_lock = threading.Lock()
 
     def close(self) -> None:
         self.database.close()
@@ -72,6 +80,34 @@ class Dashboard:
         with self.database.reading() as conn:
             return fn(DashboardReads(conn))
 
+    def read_live(self, page: str, fn: Callable[[DashboardReads], Any]) -> Any:
+        """A page's data for a live update: asks for the same page (path and query) within
+        half the refresh interval share one read, so the database's cost is bounded per
+        page shown, not per open tab: at most one page's statements each half interval.
+        Only the data is shared, never the rendered page (it carries the viewer's CSRF
+        token); a full load always reads afresh (it follows an action)."""
+        refresh = self.settings.refresh
+        if refresh is None:
+            return self.read(fn)
+        now = time.monotonic()
+        with self._shared_lock:
+            kept = self._shared.get(page)
+        if kept is not None and now - kept[0] < refresh.total_seconds() / 2:
+            return kept[1]
+        data = self.read(fn)
+        with self._shared_lock:
+            self._shared[page] = (now, data)
+            while len(self._shared) > LIVE_PAGES:  # the oldest go first
+                del self._shared[min(self._shared, key=lambda k: self._shared[k][0])]
+        return data
+
+    async def load(self, request: Request, fn: Callable[[DashboardReads], Any]) -> Any:
+        """What a page reads, off the event loop: shared when it is a live update."""
+        if request.headers.get(LIVE_HEADER) == "1":
+            page = request.url.path + "?" + request.url.query
+            return await run_in_threadpool(self.read_live, page, fn)
+        return await run_in_threadpool(self.read, fn)
+
     def write(self, fn: Callable[[Repository], Any]) -> Any:
         with self.database.primary() as conn:
             return fn(Repository(conn))
@@ -79,7 +115,11 @@ class Dashboard:
     def render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
         context.setdefault("who", getattr(request.state, "who", None))
         context.setdefault("notice", actions.notice(request.query_params))
+        refresh = self.settings.refresh
         context.update(
+            # A live update gets the page's <main> only: the script takes its live parts.
+            fragment=request.headers.get(LIVE_HEADER) == "1",
+            refresh_ms=int(refresh.total_seconds() * 1000) if refresh else 0,
             base=base_path(request),
             csrf=csrf_token(request),
             actions=self.settings.actions,
@@ -158,18 +198,23 @@ def create_app(
     app = Dashboard(database, settings)
 
     async def overview(request: Request, who: str) -> Response:
-        data = await run_in_threadpool(app.read, pages.overview)
+        window = charts.window_named(request.query_params.get("window"))
+        data = await app.load(request, lambda r: pages.overview(r, window))
         return app.render(request, "overview.html", **data)
 
+    async def task_type(request: Request, who: str) -> Response:
+        name = validate_type_name(request.path_params["task_type"])
+        window = charts.window_named(request.query_params.get("window"))
+        data = await app.load(request, lambda r: pages.task_type(r, name, window))
+        return app.render(request, "type.html", **data)
+
     async def running(request: Request, who: str) -> Response:
-        rows = await run_in_threadpool(
-            app.read, lambda r: pages.running(r, app.settings.lease_margin)
-        )
+        rows = await app.load(request, lambda r: pages.running(r, app.settings.lease_margin))
         return app.render(request, "running.html", rows=rows)
 
     async def task(request: Request, who: str) -> Response:
         task_id = request.path_params["task_id"]
-        row = await run_in_threadpool(app.read, lambda r: pages.task(r, task_id))
+        row = await app.load(request, lambda r: pages.task(r, task_id))
         if row is None:
             return app.render(
                 request,
@@ -236,6 +281,7 @@ def create_app(
     routes = [
         Route("/", guarded(app, overview)),
         Route("/running", guarded(app, running)),
+        Route("/types/{task_type}", guarded(app, task_type)),
         Route("/tasks/{task_id:int}", guarded(app, task)),
         Route("/dead", guarded(app, dead)),
         Route("/tasks", guarded(app, tasks)),

@@ -73,9 +73,7 @@ def dead(
         rows = reads.dead_page(params, after, limit)
     window = next((r for r in rows if r.get("window_end")), None)
     rows = [r for r in rows if not r.get("window_end")]
-    for row in rows:
-        line = row["error_line"] or ""
-        row["error_line"] = line if len(line) <= 160 else line[:159] + "…"
+    shorten(rows)
     following = None
     searched_to = None
     if len(rows) == limit:
@@ -101,6 +99,23 @@ def dead(
     }
 
 
+def mark_states(rows: list[dict[str, Any]]) -> None:
+    """Each live task's state and how far its due time is, as the listing shows them."""
+    for row in rows:
+        if row["run_at"] is None:  # a dependant waiting on its parents (sql/019)
+            row["due_s"], row["state"] = None, "waiting"
+            continue
+        row["due_s"] = (row["run_at"] - row["db_now"]).total_seconds()
+        row["state"] = "running" if row["running"] else "due" if row["due_s"] <= 0 else "waiting"
+
+
+def shorten(rows: list[dict[str, Any]]) -> None:
+    """A dead letter's error line, as long as a table cell can show it."""
+    for row in rows:
+        line = row["error_line"] or ""
+        row["error_line"] = line if len(line) <= 160 else line[:159] + "…"
+
+
 def tasks(
     reads: DashboardReads, search: Search, after: Cursor | None, limit: int = PAGE
 ) -> dict[str, Any]:
@@ -108,12 +123,7 @@ def tasks(
     rows = reads.tasks_page(search.params(types), after, limit)
     if search.query and search.query.isdigit() and not rows:
         rows = reads.tasks_page({**search.params(types, as_key=True), "ids": None}, after, limit)
-    for row in rows:
-        if row["run_at"] is None:  # a dependant waiting on its parents (sql/019)
-            row["due_s"], row["state"] = None, "waiting"
-            continue
-        row["due_s"] = (row["run_at"] - row["db_now"]).total_seconds()
-        row["state"] = "running" if row["running"] else "due" if row["due_s"] <= 0 else "waiting"
+    mark_states(rows)
     following = cursor_text(rows[-1]["run_at"], rows[-1]["id"]) if len(rows) == limit else None
     return {
         "rows": rows,

@@ -10,18 +10,22 @@ from typing import Any
 from slotd.ops import history
 from slotd.repository import DashboardReads
 from slotd.repository import history as record
-from slotd.web import charts
+from slotd.web import charts, listings
 from slotd.web.formats import duration, relative, stamp
 
 
-def overview(reads: DashboardReads) -> dict[str, Any]:
-    types = reads.types()
+def overview(reads: DashboardReads, window: charts.Window = charts.HOUR) -> dict[str, Any]:
+    attempts = reads.outcomes(window.unit, window.buckets)
+    throughput = charts.per_type(attempts, window)
+    # A type whose tasks all succeeded has no row left, but it worked in this window.
+    types = sorted(set(reads.types()) | set(throughput))
     counts = reads.counts(types)
     replicas = reads.replicas()
     served = {t for r in replicas for t in r["task_types"]}
     paused = _paused_types(reads)
     limits = _limits(replicas)
-    rates = _rates(reads) if "slotd_rate_windows" in reads.tables() else {}
+    tables = reads.tables()
+    rates = _rates(reads) if "slotd_rate_windows" in tables else {}
     slots = sum(r["slots"] for r in replicas)
     busy = sum(len(r["leases"] or {}) for r in replicas)
     rows = []
@@ -36,6 +40,7 @@ def overview(reads: DashboardReads) -> dict[str, Any]:
                 "paused": paused.get(row["task_type"]),
                 "limit": limits.get(row["task_type"]),
                 "rate": rates.get(row["task_type"]),
+                "throughput": throughput.get(row["task_type"]),
                 "starved": waiting is not None and waiting >= STARVED_S,
             }
         )
@@ -51,8 +56,9 @@ def overview(reads: DashboardReads) -> dict[str, Any]:
         "replicas": replicas,
         "slots": slots,
         "busy": busy,
-        "chart": charts.outcomes(reads.outcomes()),
-        "backlog": charts.backlog(history_rows(reads), BACKLOG_HOURS),
+        "chart": charts.outcomes(attempts, window),
+        "backlog": charts.backlog(history_rows(reads, tables, window), window),
+        "window": window,
         "alarm": _alarm(history.recent_outcomes(reads.conn)),
         "paused_known": bool(paused),
         "limits_known": bool(limits),
@@ -60,17 +66,18 @@ def overview(reads: DashboardReads) -> dict[str, Any]:
     }
 
 
-BACKLOG_HOURS = 6
 # Due work that has waited this long is flagged (the starvation alert waits 300 s; an
 # operator looking at the page wants to see a type fall behind well before that).
 STARVED_S = 30.0
 
 
-def history_rows(reads: DashboardReads) -> list[dict[str, Any]]:
+def history_rows(
+    reads: DashboardReads, tables: set[str], window: charts.Window, task_type: str | None = None
+) -> list[dict[str, Any]]:
     """The backlog samples, once the database has their table (migration 012)."""
-    if "slotd_queue_history" not in reads.tables():
+    if "slotd_queue_history" not in tables:
         return []
-    return record.queue_history(reads.conn, BACKLOG_HOURS)
+    return record.queue_history(reads.conn, window.unit, window.buckets, task_type)
 
 
 def _alarm(recent: history.RecentOutcomes) -> list[dict[str, Any]]:
@@ -125,6 +132,44 @@ def _rates(reads: DashboardReads) -> dict[str, str]:
             parts.append(f"{int(r['groups_full'])} groups full")
         out[task_type] = "; ".join(parts)
     return out
+
+
+TYPE_ROWS = 20
+
+
+def task_type(
+    reads: DashboardReads, name: str, window: charts.Window = charts.HOUR
+) -> dict[str, Any]:
+    """A type's page: its counts and flags as the overview has them, its attempts and
+    backlog charted, its first live tasks in due order and its newest dead letters."""
+    tables = reads.tables()
+    counts = reads.counts([name])[0]
+    replicas = reads.replicas()
+    attempts = reads.outcomes(window.unit, window.buckets, name)
+    search = {"task_type": name, "key_types": []}
+    live = reads.tasks_page(search, None, TYPE_ROWS)
+    listings.mark_states(live)
+    dead = [r for r in reads.dead_page(search, None, TYPE_ROWS) if not r.get("window_end")]
+    listings.shorten(dead)
+    waiting = counts["oldest_due_s"]
+    return {
+        "task_type": name,
+        "counts": counts,
+        "cap": reads.COUNT_CAP,
+        "capped": {k: counts[k] >= reads.COUNT_CAP for k in ("pending", "running", "dead")},
+        "served_by": [r for r in replicas if name in r["task_types"]],
+        "paused": _paused_types(reads).get(name),
+        "limit": _limits(replicas).get(name),
+        "rate": _rates(reads).get(name) if "slotd_rate_windows" in tables else None,
+        "starved": waiting is not None and waiting >= STARVED_S,
+        "chart": charts.outcomes(attempts, window),
+        "throughput": charts.per_type(attempts, window).get(name),
+        "backlog": charts.backlog(history_rows(reads, tables, window, name), window),
+        "window": window,
+        "live": live,
+        "dead_rows": dead,
+        "shown": TYPE_ROWS,
+    }
 
 
 def running(reads: DashboardReads, lease_margin: timedelta) -> list[dict[str, Any]]:

@@ -23,6 +23,11 @@ class DashboardSettings:
     actions: bool = False
     lease_margin: timedelta = timedelta(seconds=30)
     statement_timeout: timedelta = timedelta(seconds=5)
+    # How often an open page asks for its live parts again (None: never, pages are
+    # snapshots). Each ask is one page's statements in one short transaction; a tab out of
+    # sight does not ask (see static/dashboard.js), and asks for the same page within
+    # half the interval share one read (app.Dashboard.read_live).
+    refresh: timedelta | None = timedelta(seconds=5)
 
     @property
     def authenticated(self) -> bool:
@@ -43,6 +48,7 @@ class DashboardSettings:
         if raw not in ("on", "off"):
             raise ConfigError(f"bad SLOTD_DASHBOARD_ACTIONS {raw!r}: use on or off")
         timeout = os.environ.get("SLOTD_DASHBOARD_STATEMENT_TIMEOUT") or "5s"
+        refresh = _refresh(os.environ.get("SLOTD_DASHBOARD_REFRESH") or "5s")
         return cls(
             token=token,
             basic_user=user,
@@ -50,7 +56,22 @@ class DashboardSettings:
             actions=raw == "on",
             lease_margin=lease_margin,
             statement_timeout=parse_duration(timeout, name="SLOTD_DASHBOARD_STATEMENT_TIMEOUT"),
+            refresh=refresh,
         )
+
+
+MIN_REFRESH = timedelta(seconds=1)
+
+
+def _refresh(text: str) -> timedelta | None:
+    """`off`, or a duration of a second or more (a faster page would cost the database more
+    than it shows a person)."""
+    if text.strip().lower() == "off":
+        return None
+    every = parse_duration(text, name="SLOTD_DASHBOARD_REFRESH")
+    if every < MIN_REFRESH:
+        raise ConfigError(f"bad SLOTD_DASHBOARD_REFRESH {text!r}: use 1s or more, or off")
+    return every
 
 
 def parse_addr(addr: str) -> tuple[str, int]:

@@ -1,13 +1,23 @@
-// Deadline countdowns on "Running now", and "select all" on the dead letters. The
-// database's clock is the reference: each row carries its now, so a skewed browser clock
-// does not move a deadline.
+// The dashboard's own script (no framework, no build): live pages, deadline countdowns on
+// "Running now", and "select all" on the dead letters.
+//
+// Live pages: every `data-refresh` milliseconds (SLOTD_DASHBOARD_REFRESH) the page asks
+// its own address again with the header X-Slotd-Live (the server answers with the page's
+// <main> only, and shares one read among the tabs showing the same page) and swaps in the
+// parts marked [data-live] that changed. One ask at a time; none while the tab is out of
+// sight (the database pays for pages a person can see); none into a part holding the
+// keyboard focus (a half-typed form is not replaced).
 "use strict";
 (function () {
-  var loaded = Date.now();
+  var LIVE_HEADER = "X-Slotd-Live";
+
+  // The countdowns: the database's clock is the reference. Each cell carries the
+  // database's now when it was rendered, and the moment it reached the page.
   function tick() {
     document.querySelectorAll("td.countdown").forEach(function (cell) {
+      if (!cell.dataset.arrived) cell.dataset.arrived = String(Date.now());
       var deadline = Number(cell.dataset.deadline);
-      var dbNow = Number(cell.dataset.now) + (Date.now() - loaded);
+      var dbNow = Number(cell.dataset.now) + (Date.now() - Number(cell.dataset.arrived));
       var left = Math.round((deadline - dbNow) / 1000);
       var row = cell.closest("tr");
       if (left < 0) {
@@ -19,11 +29,92 @@
       }
     });
   }
-  document.addEventListener("DOMContentLoaded", function () {
-    if (document.querySelector("td.countdown")) {
-      tick();
-      setInterval(tick, 1000);
+
+  function say(text) {
+    var status = document.getElementById("live-status");
+    if (!status) return;
+    status.hidden = false;
+    status.textContent = " · " + text;
+  }
+
+  function clock() {
+    return new Date().toTimeString().slice(0, 8);
+  }
+
+  function swap(html) {
+    var fresh = new DOMParser().parseFromString(html, "text/html");
+    var missing = false;
+    document.querySelectorAll("[data-live]").forEach(function (part) {
+      var next = fresh.getElementById(part.id);
+      if (!next) {
+        missing = true;
+        return;
+      }
+      if (part.contains(document.activeElement)) return;
+      if (part.innerHTML !== next.innerHTML) part.innerHTML = next.innerHTML;
+    });
+    if (missing) {
+      // The page changed its shape (a task that finished): take its whole <main>.
+      var main = fresh.getElementById("main");
+      var mine = document.getElementById("main");
+      if (main && mine && !mine.contains(document.activeElement)) mine.innerHTML = main.innerHTML;
     }
+    tick();
+  }
+
+  function live(every) {
+    var timer = null;
+    var asking = false;
+
+    function later() {
+      clearTimeout(timer);
+      timer = setTimeout(ask, every);
+    }
+
+    function ask() {
+      if (document.hidden) return; // resumed by visibilitychange
+      if (asking) return;
+      asking = true;
+      var headers = {};
+      headers[LIVE_HEADER] = "1";
+      fetch(window.location.href, { headers: headers, credentials: "same-origin", cache: "no-store" })
+        .then(function (reply) {
+          return reply.text().then(function (body) {
+            if (reply.status === 401 || reply.status === 403) {
+              say("signed out: reload the page");
+              return false;
+            }
+            if (reply.status === 200 || reply.status === 404) {
+              swap(body);
+              say("live, updated " + clock());
+              return reply.status === 200; // a task gone for good: nothing more to ask
+            }
+            say("no update at " + clock() + " (HTTP " + reply.status + "), trying again");
+            return true;
+          });
+        })
+        .catch(function () {
+          say("no update at " + clock() + " (unreachable), trying again");
+          return true;
+        })
+        .then(function (again) {
+          asking = false;
+          if (again) later();
+        });
+    }
+
+    document.addEventListener("visibilitychange", function () {
+      if (!document.hidden) ask();
+    });
+    say("live, every " + Math.round(every / 1000) + "s");
+    later();
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    tick(); // a countdown may also arrive with a live update
+    setInterval(tick, 1000);
+    var every = Number(document.body.dataset.refresh || 0);
+    if (every > 0 && document.querySelector("[data-live]")) live(every);
     var all = document.getElementById("select-all");
     if (all) {
       all.addEventListener("change", function () {
