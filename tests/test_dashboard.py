@@ -288,6 +288,17 @@ def test_outcomes_chart_reads_the_outcome_record(client: TestClient, conn: Any) 
     assert own.status_code == 200 and "10 attempts, 20% failed" in own.text
     day = client.get("/types/audit?window=day").text
     assert ">attempts / h<" in day and "last day, by hour" in day
+    # Kept 25 hours (the record's own prune): five hours ago is on the day's chart.
+    earlier = minute - timedelta(hours=5)
+    Repository(conn).record_outcomes([(earlier, "audit", "timeout", 4)])
+    Repository(conn).record_outcomes([(minute, "audit", "success", 2)])
+    day = client.get("/types/audit?window=day").text
+    assert "16 attempts" in day and "timeout 4" in day and "16 attempts" not in (
+        client.get("/types/audit").text
+    )
+    # The window starts where its data does: the first hour labelled is that of the timeout.
+    hours = re.findall(r'class="tick x-tick">(\d\d):00<', day)
+    assert hours[0] == earlier.strftime("%H"), hours
     assert client.get("/?window=week").status_code == 400
 
 

@@ -119,14 +119,18 @@ def test_the_backlog_is_sampled_once_a_minute_for_the_fleet_and_pruned(
     slotd.enqueue_many(conn, [("report", {}) for _ in range(3)] + [("audit", {})])
     conn.execute("UPDATE slotd_tasks SET run_at = now() - interval '90 seconds'")
     conn.execute(
-        "INSERT INTO slotd_queue_history VALUES (now() - interval '7 hours', 'old', 1, 0, 0)"
+        "INSERT INTO slotd_queue_history VALUES (now() - interval '26 hours', 'old', 1, 0, 0), "
+        "(now() - interval '23 hours', 'kept', 1, 0, 0)"  # the dashboard's last day
     )
     first, second = Repository(conn), Repository(conn)  # two replicas in the same minute
     assert record.sample_history(first) == 2
     assert record.sample_history(second) == 0  # the minute is taken: nothing counted again
     rows = conn.execute(
         "SELECT task_type, pending, running, oldest_due_s FROM slotd_queue_history "
-        "ORDER BY task_type"
+        "WHERE task_type <> 'kept' ORDER BY task_type"
     ).fetchall()
     assert [(t, p, r) for t, p, r, _ in rows] == [("audit", 1, 0), ("report", 3, 0)]
+    assert conn.execute(
+        "SELECT count(*) FROM slotd_queue_history WHERE task_type = 'kept'"
+    ).fetchone() == (1,)
     assert all(89 <= due < 200 for *_, due in rows)  # the old minute was pruned as well
