@@ -161,3 +161,58 @@ ORDER BY 1, h.task_type
 -- Which slot holds which lease, between heartbeats: the chores thread writes it within
 -- seconds of a change, so "running now" names the holder of a task shorter than a heartbeat.
 UPDATE slotd_replicas SET leases = %(leases)s::jsonb WHERE replica_id = %(replica_id)s
+
+-- fragment: task_state
+-- A row's state as the dashboard names it: slotd.result's states (running, cancelled,
+-- expired, failed), with pending told apart into due, scheduled (due later) and waiting
+-- (a dependant whose parents have not all succeeded: run_at = 'infinity', sql/019).
+CASE WHEN {lease_live} AND t.lease_token IS NOT NULL THEN 'running'
+     WHEN t.attempt_count < t.max_attempts
+     THEN CASE WHEN NOT isfinite(t.run_at) THEN 'waiting'
+               WHEN t.run_at <= now() THEN 'due' ELSE 'scheduled' END
+     WHEN {dead_reason} IN ('cancelled', 'parent_failed') THEN 'cancelled'
+     WHEN {dead_reason} = 'expired' THEN 'expired'
+     ELSE 'failed' END
+
+-- name: dash_neighbours
+-- A task's parents and dependants with each one's state, for its page's graph: its row's
+-- state while it has one, else succeeded when the edge says so or a result is kept, else
+-- gone (a purged dead letter). By the edges' two indexes, at most %(limit)s a side.
+WITH e AS (
+    (SELECT 'parent' AS side, d.parent_id AS id, d.parent_done AS done
+     FROM slotd_dependencies d WHERE d.child_id = %(id)s ORDER BY d.parent_id LIMIT %(limit)s)
+    UNION ALL
+    (SELECT 'dependant', d.child_id, d.parent_done
+     FROM slotd_dependencies d WHERE d.parent_id = %(id)s ORDER BY d.child_id LIMIT %(limit)s)
+)
+SELECT e.side, e.id, t.task_type,
+       CASE WHEN t.id IS NOT NULL THEN {task_state}
+            WHEN e.side = 'parent' AND e.done THEN 'succeeded'
+            WHEN EXISTS (SELECT 1 FROM slotd_results r WHERE r.task_id = e.id) THEN 'succeeded'
+            ELSE 'gone' END AS state
+FROM e LEFT JOIN slotd_tasks t ON t.id = e.id
+ORDER BY e.side DESC, e.id
+
+-- name: dash_batch
+-- One batch for its graph: its callback, and its members' ends by state as its stripes
+-- counted them (at most 16 rows; a stripe keeps its counts once done).
+SELECT b.id, b.callback_type, b.total, b.callback_id, b.created_at, b.sealed_at,
+       b.completed_at,
+       coalesce(sum(s.succeeded), 0)::int AS succeeded,
+       coalesce(sum(s.failed), 0)::int AS failed,
+       coalesce(sum(s.cancelled), 0)::int AS cancelled,
+       coalesce(sum(s.expired), 0)::int AS expired,
+       (SELECT {task_state} FROM slotd_tasks t WHERE t.id = b.callback_id) AS callback_state,
+       EXISTS (SELECT 1 FROM slotd_results r WHERE r.task_id = b.callback_id) AS callback_kept
+FROM slotd_batches b LEFT JOIN slotd_batch_stripes s ON s.batch_id = b.id
+WHERE b.id = %(id)s
+GROUP BY b.id
+
+-- name: dash_batch_members
+-- The batch's members that still have a row (live ones and dead letters; a succeeded one
+-- is gone, counted by its stripe), by the batch index (sql/065), the first %(limit)s by id.
+SELECT t.id, t.task_type, {task_state} AS state
+FROM slotd_tasks t
+WHERE t.batch_id = %(id)s
+ORDER BY t.id
+LIMIT %(limit)s

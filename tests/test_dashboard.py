@@ -293,8 +293,10 @@ def test_outcomes_chart_reads_the_outcome_record(client: TestClient, conn: Any) 
     Repository(conn).record_outcomes([(earlier, "audit", "timeout", 4)])
     Repository(conn).record_outcomes([(minute, "audit", "success", 2)])
     day = client.get("/types/audit?window=day").text
-    assert "16 attempts" in day and "timeout 4" in day and "16 attempts" not in (
-        client.get("/types/audit").text
+    assert (
+        "16 attempts" in day
+        and "timeout 4" in day
+        and "16 attempts" not in (client.get("/types/audit").text)
     )
     # The window starts where its data does: the first hour labelled is that of the timeout.
     hours = re.findall(r'class="tick x-tick">(\d\d):00<', day)

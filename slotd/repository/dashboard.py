@@ -71,6 +71,24 @@ class DashboardReads:
             "dependants": linked["dependant"],
         }
 
+    def result(self, task_id: int) -> tuple[str, Any, str | None] | None:
+        """slotd.result's (state, value, error) of a task, None for no such task."""
+        return result_of(self.conn, task_id, schema=self.schema)
+
+    def neighbours(self, task_id: int, limit: int) -> list[dict[str, Any]]:
+        """A task's parents and dependants (side, id, task_type, state), `limit` a side."""
+        params = {"id": task_id, "limit": limit}
+        return _dicts(self.conn.execute(_sql("dash_neighbours", self.schema), params))
+
+    def batch_graph(self, batch_id: int, limit: int) -> dict[str, Any] | None:
+        """A batch's callback and ends by state, and its first `limit` members with a row."""
+        rows = _dicts(self.conn.execute(_sql("dash_batch", self.schema), {"id": batch_id}))
+        if not rows:
+            return None
+        params = {"id": batch_id, "limit": limit}
+        members = _dicts(self.conn.execute(_sql("dash_batch_members", self.schema), params))
+        return {**rows[0], "members": members}
+
     def batch(self, batch_id: int) -> BatchState | None:
         return batch_of(self.conn, batch_id, schema=self.schema)
 

@@ -24,7 +24,7 @@ from slotd import db
 from slotd.config import Settings
 from slotd.registry import validate_type_name
 from slotd.repository import DashboardReads, Repository
-from slotd.web import actions, charts, formats, listings, pages
+from slotd.web import actions, charts, formats, graphs, listings, pages
 from slotd.web.database import Database
 from slotd.web.security import (
     CSRF_COOKIE,
@@ -222,7 +222,21 @@ def create_app(
                 404,
                 message=f"no task {task_id}: it finished, was purged or never existed",
             )
-        return app.render(request, "task.html", task=row)
+        drawn = graphs.task_graph(
+            {"id": row["id"], "task_type": row.get("task_type"), "state": row["graph_state"]},
+            row["neighbours"],
+            base_path(request),
+        )
+        return app.render(request, "task.html", task=row, task_graph=drawn)
+
+    async def batch(request: Request, who: str) -> Response:
+        batch_id = request.path_params["batch_id"]
+        found = await app.load(request, lambda r: pages.batch(r, batch_id))
+        if found is None:
+            message = f"no batch {batch_id}: it was pruned (batch retention) or never existed"
+            return app.render(request, "error.html", 404, message=message)
+        drawn = graphs.batch_graph(found, base_path(request))
+        return app.render(request, "batch.html", batch=found, batch_graph=drawn)
 
     async def dead(request: Request, who: str) -> Response:
         search, after = _search(request)
@@ -282,6 +296,7 @@ def create_app(
         Route("/", guarded(app, overview)),
         Route("/running", guarded(app, running)),
         Route("/types/{task_type}", guarded(app, task_type)),
+        Route("/batches/{batch_id:int}", guarded(app, batch)),
         Route("/tasks/{task_id:int}", guarded(app, task)),
         Route("/dead", guarded(app, dead)),
         Route("/tasks", guarded(app, tasks)),

@@ -185,37 +185,65 @@ def running(reads: DashboardReads, lease_margin: timedelta) -> list[dict[str, An
     return rows
 
 
+# How many parents and dependants a task's page draws, each side.
+NEIGHBOURS = 30
+BATCH_MEMBERS = 24
+
+
 def task(reads: DashboardReads, task_id: int) -> dict[str, Any] | None:
     """A task's page: its row while it has one, else what it left (a stored result); with
-    its result, parents, dependants and batch either way."""
+    its result, parents, dependants (each with its state) and batch either way."""
     row = reads.task(task_id)
-    flow = reads.workflow(task_id)
+    result = reads.result(task_id)
     if row is None:
-        if flow["result"] is None:
+        if result is None:
             return None
-        state = flow["result"][0]
-        row = {"id": task_id, "finished": True, "state": state, "dead": False}
+        row = {"id": task_id, "finished": True, "state": result[0], "dead": False}
     else:
         row["finished"] = False
         _live_task(row)
-    state, value, error = flow["result"] or (row["state"], None, None)
+    state, value, error = result or (row["state"], None, None)
     row["result_state"] = state
+    # The graph's box: a dead letter by how it ended (failed, cancelled, expired).
+    row["graph_state"] = state if row["dead"] or row["finished"] else row["state"]
     row["result_text"] = None if value is None else json.dumps(value, indent=2, sort_keys=True)
     row["result_error"] = error
-    row["parents"] = flow["parents"]
-    row["dependants"] = flow["dependants"]
+    neighbours = reads.neighbours(task_id, NEIGHBOURS)
+    for n in neighbours:
+        n["means"] = _parent_means(n["state"]) if n["side"] == "parent" else n["state"]
+    row["neighbours"] = neighbours
+    row["parents"] = [n for n in neighbours if n["side"] == "parent"]
+    row["dependants"] = [n for n in neighbours if n["side"] == "dependant"]
+    row["neighbour_cap"] = NEIGHBOURS
     batch_id = row.get("batch_id")
     row["batch"] = reads.batch(batch_id) if batch_id is not None else None
     return row
 
 
+def _parent_means(state: str) -> str:
+    """A parent's state as its dependant's page says it (a dead parent is never "not yet")."""
+    if state in ("due", "scheduled", "waiting"):
+        return f"{state}, not run yet"
+    if state in ("failed", "cancelled", "expired"):
+        return f"{state}: its dependants are cancelled"
+    return "gone: purged" if state == "gone" else state
+
+
+def batch(reads: DashboardReads, batch_id: int) -> dict[str, Any] | None:
+    """A batch's page: its callback, its ends by state, its members that have a row."""
+    found = reads.batch_graph(batch_id, BATCH_MEMBERS)
+    if found is None:
+        return None
+    ended = {k: found[k] for k in ("succeeded", "failed", "cancelled", "expired")}
+    found["ended"] = ended
+    found["in_flight"] = max(found["total"] - sum(ended.values()), 0)
+    found["shown"] = BATCH_MEMBERS
+    return found
+
+
 def _live_task(row: dict[str, Any]) -> None:
     row["payload_text"] = json.dumps(row["payload"], indent=2, sort_keys=True)
     now = row["db_now"]
-    waiting = row["run_at"] is None  # a dependant waiting on its parents (sql/019)
-    row["due_in"] = (
-        "after its parents" if waiting else relative((row["run_at"] - now).total_seconds())
-    )
     started = row["last_attempted_at"]
     row["age_s"] = (now - started).total_seconds() if started else None
     row["state"] = (
@@ -227,6 +255,12 @@ def _live_task(row: dict[str, Any]) -> None:
         if row["due"]
         else "waiting"
     )
+    if row["dead"]:
+        row["due_in"] = None  # it never runs again unless retried
+    elif row["run_at"] is None:  # a dependant waiting on its parents (sql/019)
+        row["due_in"] = "after its parents"
+    else:
+        row["due_in"] = relative((row["run_at"] - now).total_seconds())
 
 
 def schedules(reads: DashboardReads) -> dict[str, Any]:
