@@ -162,21 +162,9 @@ ORDER BY 1, h.task_type
 -- seconds of a change, so "running now" names the holder of a task shorter than a heartbeat.
 UPDATE slotd_replicas SET leases = %(leases)s::jsonb WHERE replica_id = %(replica_id)s
 
--- fragment: task_state
--- A row's state as the dashboard names it: slotd.result's states (running, cancelled,
--- expired, failed), with pending told apart into due, scheduled (due later) and waiting
--- (a dependant whose parents have not all succeeded: run_at = 'infinity', sql/019).
-CASE WHEN {lease_live} AND t.lease_token IS NOT NULL THEN 'running'
-     WHEN t.attempt_count < t.max_attempts
-     THEN CASE WHEN NOT isfinite(t.run_at) THEN 'waiting'
-               WHEN t.run_at <= now() THEN 'due' ELSE 'scheduled' END
-     WHEN {dead_reason} IN ('cancelled', 'parent_failed') THEN 'cancelled'
-     WHEN {dead_reason} = 'expired' THEN 'expired'
-     ELSE 'failed' END
-
 -- name: dash_neighbours
--- A task's parents and dependants with each one's state, for its page's graph: its row's
--- state while it has one, else succeeded when the edge says so or a result is kept, else
+-- A task's parents and dependants with each one's state ({task_state}), for its page's
+-- graph: its row's state while it has one, else succeeded when the edge says so or a result is kept, else
 -- gone (a purged dead letter). By the edges' two indexes, at most %(limit)s a side.
 WITH e AS (
     (SELECT 'parent' AS side, d.parent_id AS id, d.parent_done AS done

@@ -54,7 +54,13 @@ def world(scratch_pg: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
     )
     port = free_port()
     # The daemon's settings (its lease margin places the deadlines), plus the dashboard's.
-    env = {**daemon.env, "SLOTD_DASHBOARD_TOKEN": TOKEN, "SLOTD_DASHBOARD_ACTIONS": "on"}
+    # Live pages ask again every second (5 s by default): the tests see updates sooner.
+    env = {
+        **daemon.env,
+        "SLOTD_DASHBOARD_TOKEN": TOKEN,
+        "SLOTD_DASHBOARD_ACTIONS": "on",
+        "SLOTD_DASHBOARD_REFRESH": "1s",
+    }
     web = subprocess.Popen(
         [sys.executable, "-m", "slotd", "dashboard", "--addr", f"127.0.0.1:{port}"],
         env=env,
@@ -81,6 +87,8 @@ def world(scratch_pg: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
         with psycopg.connect(url, autocommit=True) as conn:
             yield {
                 "url": url,
+                "server": scratch_pg.server,
+                "env": env,
                 "base": f"http://127.0.0.1:{port}",
                 "browser": browser,
                 "conn": conn,
@@ -231,7 +239,8 @@ def test_running_task_shows_a_live_countdown(world: dict[str, Any], page: Any) -
         assert 50 <= int(first[:-1]) <= 60  # a 60 s ceiling, claimed moments ago
         # The browser counts down by itself between page loads.
         page.wait_for_function(
-            "([el, first]) => el.textContent !== first", arg=[cell.element_handle(), first]
+            "([selector, first]) => document.querySelector(selector).textContent !== first",
+            arg=[f'#running tr[data-id="{task_id}"] td.countdown', first],
         )
         assert int(cell.inner_text()[:-1]) < int(first[:-1])
         assert "overdue" not in (cell.locator("xpath=..").get_attribute("class") or "")
@@ -427,7 +436,220 @@ def test_a_task_page_links_its_parents_and_dependants(world: dict[str, Any], pag
     page.goto(world["base"] + f"/tasks/{parent}")
     page.locator(f"#dependants a[href$='/tasks/{child}']").click()
     page.wait_for_url(world["base"] + f"/tasks/{child}")
-    assert page.locator("#parents").inner_text() == f"{parent} (not yet)"
-    assert page.locator("#result-state").inner_text() == "pending"
+    assert page.locator("#parents").inner_text() == f"{parent} (pending, not run yet)"
+    assert page.locator("#result-state").inner_text() == "waiting"
     assert "after its parents" in page.locator("dl.facts").inner_text()
     shot(page, "task-dependant")
+
+
+def finished_in_place(tab: Any) -> None:
+    """Marks the tab's window: a reload would lose the mark (see `not_reloaded`)."""
+    tab.evaluate("window.__sameDocument = true")
+    tab.wait_for_function(
+        "() => document.getElementById('live-status').textContent.includes('live')"
+    )
+
+
+def not_reloaded(tab: Any) -> bool:
+    return bool(tab.evaluate("window.__sameDocument === true"))
+
+
+def test_pages_update_without_reload_when_a_task_finishes(world: dict[str, Any], page: Any) -> None:
+    """A running task's page and "Running now", open in two tabs, follow the task to its
+    end by themselves: its row leaves "Running now", its page says it finished."""
+    conn, tmp = world["conn"], world["tmp"]
+    release = tmp / "release-live"
+    task_id = enqueue(conn, "dash.slow", {"release": str(release)})
+    running = page.context.new_page()
+    try:
+        wait_for(lambda: leased(conn, task_id), what="the slow task to be claimed")
+        running.goto(world["base"] + "/running")
+        page.goto(world["base"] + f"/tasks/{task_id}")
+        assert page.locator("h1 .state").inner_text() == "running"
+        assert running.locator(f'#running tr[data-id="{task_id}"]').count() == 1
+        for tab in (page, running):
+            finished_in_place(tab)
+        release.touch()
+        running.wait_for_function(
+            f"() => !document.querySelector('#running tr[data-id=\"{task_id}\"]')", timeout=20_000
+        )
+        page.wait_for_function(
+            "() => document.getElementById('main').textContent.includes('it finished')",
+            timeout=20_000,
+        )
+        for tab in (page, running):
+            assert not_reloaded(tab)
+        assert "live, updated " in running.locator("#live-status").inner_text()
+    finally:
+        release.touch()
+        running.close()
+
+
+def test_charts_have_axes_units_and_start_where_their_data_does(
+    world: dict[str, Any], page: Any
+) -> None:
+    conn = world["conn"]
+    wait_for(
+        lambda: conn.execute("SELECT count(*) FROM slotd_outcomes").fetchone()[0],
+        what="a heartbeat's outcomes",
+    )
+    first = conn.execute(
+        "SELECT extract(epoch FROM now() - min(minute)) / 60 FROM slotd_outcomes"
+    ).fetchone()[0]
+    page.goto(world["base"] + "/")
+    chart = page.locator("#outcome-chart")
+    ticks = chart.locator("text.y-tick").all_text_contents()
+    assert ticks[0] == "0" and len(ticks) >= 2, ticks
+    assert [int(t) for t in ticks] == sorted(int(t) for t in ticks)
+    assert chart.locator("text.unit").text_content() == "attempts / min"
+    times = chart.locator("text.x-tick").all_text_contents()
+    assert times and all(re.fullmatch(r"\d\d:\d\d", t) for t in times), times
+    assert chart.locator("rect[fill]").count() >= 1
+    # The window starts with the data (minutes old here), not an hour back: at least ten
+    # minutes drawn, and no more than the data's age.
+    caption = page.locator('figure[data-chart="outcomes"] figcaption').inner_text()
+    since, until = re.match(r"(\d\d:\d\d)–(\d\d:\d\d) UTC", caption).groups()  # type: ignore[union-attr]
+    span = (int(until[:2]) * 60 + int(until[3:]) - int(since[:2]) * 60 - int(since[3:])) % 1440
+    assert 10 <= span <= max(10, int(first) + 2), (caption, first)
+    # Throughput and failure rate per type, at a glance on the overview's table.
+    flaky = page.locator('#types tr[data-type="dash.flaky"]')
+    assert re.fullmatch(
+        r"[\d.]+/min", flaky.locator('[data-kind="throughput"]').inner_text().strip()
+    )
+    assert flaky.locator('[data-kind="failed"]').inner_text().endswith("%")
+    # The last day, by hour.
+    page.locator('a[data-window="day"]').first.click()
+    page.wait_for_url(re.compile(r"window=day"))
+    chart = page.locator("#outcome-chart")
+    assert chart.locator("text.unit").text_content() == "attempts / h"
+    assert all(
+        re.fullmatch(r"\d\d:00", t) for t in chart.locator("text.x-tick").all_text_contents()
+    )
+    for name in ("pending", "running", "oldest_due_s"):
+        figure = page.locator(f'#backlog figure[data-chart="{name}"]')
+        if figure.count():
+            assert figure.locator("text.y-tick").count() >= 2
+    shot(page, "overview-day")
+
+
+def test_a_batch_is_drawn_and_each_box_links_to_its_task(world: dict[str, Any], page: Any) -> None:
+    conn, tmp = world["conn"], world["tmp"]
+    (tmp / "fixed-batch").touch()
+    release = tmp / "release-batch"
+    with slotd.batch(conn, on_complete=("dash.echo", {"note": "batch done"})) as b:
+        ok = b.enqueue("dash.flaky", {"fixed": str(tmp / "fixed-batch")}, max_attempts=1)
+        bad = b.enqueue("dash.echo", {"note": "member failed"}, max_attempts=1)
+        held = b.enqueue("dash.slow", {"release": str(release)}, max_attempts=1)
+    try:
+        wait_for(lambda: is_dead(conn, bad) and leased(conn, held), what="two members' ends")
+        wait_for(
+            lambda: not conn.execute("SELECT 1 FROM slotd_tasks WHERE id = %s", (ok,)).fetchone(),
+            what="the succeeded member",
+        )
+        batch_id = conn.execute("SELECT batch_id FROM slotd_tasks WHERE id = %s", (bad,))
+        batch_id = batch_id.fetchone()[0]
+        page.goto(world["base"] + f"/tasks/{held}")
+        page.locator("#batch-link").click()
+        page.wait_for_url(world["base"] + f"/batches/{batch_id}")
+        ended = page.locator("#batch-ended").inner_text()
+        assert "succeeded 1" in ended and "failed 1" in ended, ended
+        graph = page.locator("svg.workflow-graph")
+        assert graph.locator(f'a[href$="/tasks/{bad}"]').get_attribute("data-state") == "failed"
+        assert graph.locator(f'a[href$="/tasks/{held}"]').get_attribute("data-state") == "running"
+        assert "callback, after 1 more" in graph.text_content()
+        assert graph.locator("path.edge").count() == 2
+        shot(page, "batch")
+        finished_in_place(page)
+        release.touch()
+        # The last member ends: the callback's box appears, linked, without a reload.
+        page.wait_for_function(
+            "() => document.querySelector('svg.workflow-graph').textContent.includes('callback #')",
+            timeout=20_000,
+        )
+        assert not_reloaded(page)
+        page.locator("svg.workflow-graph a", has_text="callback #").click()
+        page.wait_for_url(re.compile(r"/tasks/\d+$"))
+        assert "dash.echo" in page.locator("dl.facts").inner_text() or (
+            "finished" in page.locator("main").inner_text()
+        )
+    finally:
+        release.touch()
+
+
+def test_the_narrow_layout_never_spills_sideways(world: dict[str, Any], page: Any) -> None:
+    """At 400 px every page fits its width (wide tables scroll inside their own box); the
+    screenshots at 1400 and 400 px are the docs' (docs/how-to/dashboard.md)."""
+    conn = world["conn"]
+    dead = conn.execute(
+        "SELECT id FROM slotd_tasks WHERE attempt_count >= max_attempts ORDER BY id LIMIT 1"
+    ).fetchone()[0]
+    batch = conn.execute("SELECT max(id) FROM slotd_batches").fetchone()[0]
+    paths = ["/", "/running", "/tasks", "/dead", "/schedules", "/types/dash.flaky",
+             f"/tasks/{dead}", "/?window=day"]  # fmt: skip
+    if batch is not None:
+        paths.append(f"/batches/{batch}")
+    try:
+        page.set_viewport_size({"width": 1400, "height": 900})
+        page.goto(world["base"] + "/")
+        shot(page, "overview-1400")
+        page.set_viewport_size({"width": 400, "height": 800})
+        for path in paths:
+            page.goto(world["base"] + path)
+            wide = page.evaluate("document.documentElement.scrollWidth")
+            assert wide <= 400, (path, wide)
+        page.goto(world["base"] + "/")
+        shot(page, "overview-400")
+        page.goto(world["base"] + f"/tasks/{dead}")
+        shot(page, "task-400")
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 760})
+
+
+def test_live_pages_behind_a_transaction_pooler(world: dict[str, Any]) -> None:
+    """A dashboard whose database is a PgBouncer in transaction mode with ONE server
+    connection: its live pages update as they do straight to the server (each update one
+    short transaction, nothing held between two), and another client of the pooler gets
+    the connection between two updates."""
+    from tests.pgbouncer import binary, pgbouncer
+
+    if binary() is None:
+        pytest.skip("pgbouncer is not installed (apt-get install -y pgbouncer)")
+    conn, tmp = world["conn"], world["tmp"]
+    release = tmp / "release-pooled"
+    with pgbouncer(world["server"], "transaction", pool_size=1) as bouncer:
+        url = bouncer.url_for(world["url"])
+        port = free_port()
+        env = {**world["env"], "SLOTD_DATABASE_URL": url, "SLOTD_DASHBOARD_TOKEN": ""}
+        env.pop("SLOTD_DATABASE_URL_READ", None)
+        web = subprocess.Popen(
+            [sys.executable, "-m", "slotd", "dashboard", "--addr", f"127.0.0.1:{port}"],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp / "pooled.log").open("w"),
+        )
+        context = world["browser"].new_context(viewport={"width": 1280, "height": 760})
+        bystander = psycopg.connect(url, autocommit=True, prepare_threshold=None)
+        try:
+            wait_for(lambda: reachable(port) or web.poll() is not None, what="the dashboard")
+            assert web.poll() is None, (tmp / "pooled.log").read_text()
+            tab = context.new_page()
+            tab.goto(f"http://127.0.0.1:{port}/running")
+            finished_in_place(tab)
+            task_id = enqueue(conn, "dash.slow", {"release": str(release)})
+            row = f'#running tr[data-id="{task_id}"]'
+            tab.wait_for_selector(row, timeout=20_000)  # it appears without a reload
+            assert bystander.execute("SELECT 1").fetchone() == (1,)
+            release.touch()
+            tab.wait_for_selector(row, state="detached", timeout=20_000)
+            assert not_reloaded(tab)
+            assert "live, updated " in tab.locator("#live-status").inner_text()
+            assert bystander.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() == (
+                0,
+            )
+        finally:
+            release.touch()
+            bystander.close()
+            context.close()
+            web.terminate()
+            web.wait(20)

@@ -29,7 +29,7 @@ def test_the_task_page_shows_result_parents_dependants_and_batch(
         assert re.search(r'id="batch-done">0/2<', parent)
         child = client.get(f"/tasks/{c}").text
         assert re.search(rf'id="parents"><a href="[^"]*/tasks/{a}">{a}</a> ', child)
-        assert "(due, not run yet)" in child and 'id="result-state">pending<' in child
+        assert "(pending, not run yet)" in child and 'id="result-state">waiting<' in child
         repo = Repository(conn)
         for task_id, value in ((a, '{"size": 3}'), (c, '{"published": true}')):
             claimed = repo.claim([task_id], reg)
@@ -117,7 +117,7 @@ def test_a_batch_is_drawn_with_its_members_by_state_and_its_callback(
         boxes = re.findall(r'/tasks/(\d+)" class="node node-link" data-state="(\w+)"',
                            graph.group(0))  # fmt: skip
         # The succeeded member has no row left (counted above); the callback is not yet.
-        assert boxes == [(str(ids[1]), "failed"), (str(ids[2]), "due")], boxes
+        assert boxes == [(str(ids[1]), "failed"), (str(ids[2]), "pending")], boxes
         assert "callback, after 1 more" in graph.group(0)
         last = repo.claim([ids[2]], reg)
         assert last is not None
@@ -126,7 +126,7 @@ def test_a_batch_is_drawn_with_its_members_by_state_and_its_callback(
         callback = re.search(r'id="batch-callback">task (\d+)<', page)
         assert callback and "complete" in page
         assert re.search(
-            rf'/tasks/{callback.group(1)}" class="node node-link" data-state="due"', page
+            rf'/tasks/{callback.group(1)}" class="node node-link" data-state="pending"', page
         )
         assert client.get("/batches/987654").status_code == 404
         client.app.state.dashboard.close()  # type: ignore[attr-defined]

@@ -14,8 +14,9 @@ PER_ROW = 3
 # Fill and outline per state; a box whose task has no row any more is outlined only.
 STATE_COLOURS = {
     "running": ("#e3f2fd", "#1565c0"),
-    "due": ("#f6f8fa", "#5f6b76"),
+    "pending": ("#f6f8fa", "#5f6b76"),
     "scheduled": ("#f6f8fa", "#5f6b76"),
+    "retrying": ("#fff4e5", "#ef6c00"),
     "waiting": ("#ffffff", "#8a96a3"),
     "succeeded": ("#e8f5e9", "#2e7d32"),
     "failed": ("#fdecea", "#c62828"),

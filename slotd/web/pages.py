@@ -204,8 +204,8 @@ def task(reads: DashboardReads, task_id: int) -> dict[str, Any] | None:
         _live_task(row)
     state, value, error = result or (row["state"], None, None)
     row["result_state"] = state
-    # The graph's box: a dead letter by how it ended (failed, cancelled, expired).
-    row["graph_state"] = state if row["dead"] or row["finished"] else row["state"]
+    # The graph's box: the task's state in slotd's one vocabulary (#37, fragment task_state).
+    row["graph_state"] = state
     row["result_text"] = None if value is None else json.dumps(value, indent=2, sort_keys=True)
     row["result_error"] = error
     neighbours = reads.neighbours(task_id, NEIGHBOURS)
@@ -222,7 +222,7 @@ def task(reads: DashboardReads, task_id: int) -> dict[str, Any] | None:
 
 def _parent_means(state: str) -> str:
     """A parent's state as its dependant's page says it (a dead parent is never "not yet")."""
-    if state in ("due", "scheduled", "waiting"):
+    if state in ("pending", "scheduled", "retrying", "waiting"):
         return f"{state}, not run yet"
     if state in ("failed", "cancelled", "expired"):
         return f"{state}: its dependants are cancelled"

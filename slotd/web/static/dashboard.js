@@ -41,6 +41,13 @@
     return new Date().toTimeString().slice(0, 8);
   }
 
+  // What the server last sent for each live part, and how many updates in a row a part
+  // under the mouse has let pass (a row does not move under a pointer about to click it,
+  // for two updates at most).
+  var received = {};
+  var held = {};
+  var HOLD = 2;
+
   function swap(html) {
     var fresh = new DOMParser().parseFromString(html, "text/html");
     var missing = false;
@@ -50,14 +57,25 @@
         missing = true;
         return;
       }
-      if (part.contains(document.activeElement)) return;
-      if (part.innerHTML !== next.innerHTML) part.innerHTML = next.innerHTML;
+      var body = next.innerHTML;
+      if (body === received[part.id]) return; // nothing new: the countdowns tick on
+      if (part.contains(document.activeElement) && document.activeElement !== document.body) return;
+      if (part.matches(":hover") && (held[part.id] || 0) < HOLD) {
+        held[part.id] = (held[part.id] || 0) + 1;
+        return;
+      }
+      held[part.id] = 0;
+      received[part.id] = body;
+      part.innerHTML = body;
     });
     if (missing) {
       // The page changed its shape (a task that finished): take its whole <main>.
       var main = fresh.getElementById("main");
       var mine = document.getElementById("main");
-      if (main && mine && !mine.contains(document.activeElement)) mine.innerHTML = main.innerHTML;
+      if (main && mine) {
+        mine.innerHTML = main.innerHTML;
+        received = {};
+      }
     }
     tick();
   }
@@ -111,6 +129,10 @@
   }
 
   document.addEventListener("DOMContentLoaded", function () {
+    // As the server sent them, before a countdown changes a digit.
+    document.querySelectorAll("[data-live]").forEach(function (part) {
+      received[part.id] = part.innerHTML;
+    });
     tick(); // a countdown may also arrive with a live update
     setInterval(tick, 1000);
     var every = Number(document.body.dataset.refresh || 0);
