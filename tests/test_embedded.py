@@ -101,7 +101,7 @@ def _slotd(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-_ENSURE = "from slotd import embedded; from slotd.config import Settings; " + (
+_ENSURE = "from slotd.dev import embedded; from slotd.config import Settings; " + (
     "print(embedded.ensure(Settings.from_env()))"
 )
 

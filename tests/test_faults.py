@@ -115,7 +115,7 @@ def test_crash_really_ends_the_process_with_status_70() -> None:
         """
         import logging, random, sys
         from slotd.config import Faults
-        from slotd.faults import Injector
+        from slotd.dev.faults import Injector
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
         Injector(Faults(crash=1.0), random.Random(0), lambda kind: print("counted", kind,
                  flush=True)).before_handler()

@@ -39,11 +39,12 @@ async def fetch_page(cursor: int) -> SimpleNamespace:
 
 
 def _readme_example() -> str:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    for block in re.findall(r"```python\n(.*?)```", readme, re.S):
+    # The sliced handler as the docs show it (it lived in README.md before the docs site).
+    page = (Path(__file__).resolve().parents[2] / "docs/how-to/handlers.md").read_text()
+    for block in re.findall(r"```python[^\n]*\n(.*?)```", page, re.S):
         if "async def rebuild" in block:
             return block
-    raise LookupError("README.md has no `async def rebuild` example")
+    raise LookupError("docs/how-to/handlers.md has no `async def rebuild` example")
 
 
 _namespace: dict[str, Any] = {"registry": registry, "slotd": slotd, "timedelta": timedelta}
