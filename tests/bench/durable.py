@@ -80,7 +80,7 @@ def main() -> None:
             ("1 step, first run", "b.steps", {"n": 1}, 1, 3),
             ("10 steps, first run", "b.steps", {"n": 10}, 1, 12),
             ("10 steps, run + retry that replays them", "b.steps", {"n": 10, "fail": True}, 2, 14),
-            ("sleep: suspend, then resume", "b.sleep", {}, 2, 4),
+            ("sleep: suspend, then resume", "b.sleep", {}, 2, 5),
         ]
         print(f"n={n} per row, median of the whole task (every attempt)")
         print("| case | ms per task | statements per task |\n|---|---|---|")
