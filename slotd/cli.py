@@ -24,7 +24,8 @@ class SlotdGroup(click.Group):
         try:
             return super().invoke(ctx)
         except ConfigError as exc:
-            click.echo(f"slotd: {exc}", err=True)
+            # Redacted: it may quote a URL, or an application's own exception text.
+            click.echo(f"slotd: {db.redact(str(exc))}", err=True)
             sys.exit(2)
         except click.UsageError as exc:
             click.echo(f"slotd: {exc.format_message()}", err=True)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import re
+import sysconfig
+import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slotd import integrations
@@ -415,6 +419,14 @@ def load_registry(spec: str) -> Registry:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"bad --app {spec!r}: cannot import {module_name}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - whatever the application's import raised
+        # Its own line, not forty of click's and importlib's frames: the exception and
+        # where in the application it was raised; the whole traceback is one import away.
+        raise ConfigError(
+            f"bad --app {spec!r}: importing {module_name} raised "
+            f"{type(exc).__name__}: {_said(exc)} ({raised_at(exc, module_name)}; "
+            f"`python -c 'import {module_name}'` shows the traceback)"
+        ) from None
     target: Any = module
     for part in attr.split("."):
         try:
@@ -432,3 +444,41 @@ def load_registry(spec: str) -> Registry:
     # runner would pay the import again (tens of ms), and again after every kill or recycle.
     integrations.tracing()
     return target
+
+
+def _said(exc: BaseException) -> str:
+    """The exception's own words, on one line (a SyntaxError's without its position)."""
+    text = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+    return (text or "").strip().split("\n", 1)[0]
+
+
+def raised_at(exc: BaseException, module_name: str) -> str:
+    """Where an import failed, as `file, line N`: a SyntaxError's own position, else the
+    innermost frame in the application's package (its top-level name), else the innermost
+    frame outside Python's standard library and importlib's frozen modules."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{exc.filename}, line {exc.lineno}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    package = _package_dir(module_name.split(".")[0])
+    stdlib = sysconfig.get_paths()["stdlib"]
+    for inside in (
+        lambda f: package is not None and f.startswith(package),
+        lambda f: not f.startswith(("<", stdlib)),
+        lambda f: True,
+    ):
+        found = [frame for frame in frames if inside(frame.filename)]
+        if found:
+            return f"{found[-1].filename}, line {found[-1].lineno}"
+    return "no frame"
+
+
+def _package_dir(top: str) -> str | None:
+    """The directory (or file) the application's top-level module comes from."""
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None:
+        return None
+    origin = Path(spec.origin)
+    return str(origin.parent if origin.name == "__init__.py" else origin)
