@@ -372,3 +372,42 @@ def test_wheel_binaries_when_the_system_has_none(
     assert row and int(str(row[0]).split(".")[0]) >= 16
     assert _has_tasks_table(url)
     assert embedded.stop(settings) is True
+
+
+def test_run_on_the_embedded_default_names_its_url_and_data_at_start(
+    new_home: Callable[[str], Path],
+) -> None:
+    """`slotd run` (and so `slotd examples demo`) with no database URL says which database
+    it drains, as a URL psql or the user's own application can use, and where its data is."""
+    home = new_home("run-names-url")
+    env = {**_env(home), "SLOTD_METRICS_ADDR": "off", "SLOTD_SLOTS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slotd", "run", "--app", "slotd.examples:registry"],
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stderr is not None
+        named = ""
+        for line in proc.stderr:
+            if "running on the embedded development database" in line:
+                named = line
+                break
+        url = embedded.url_for(home)
+        assert f"running on the embedded development database {url} " in named, named
+        assert f"(data in {home / 'pg' / 'data'})" in named
+        assert _has_tasks_table(url)  # the URL as printed is one a client can use
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def test_root_keeps_its_embedded_data_under_var_lib(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As root the default home is /var/lib/slotd, not root's own (mode 700: the server's
+    unprivileged user could not reach its data), and said so in `slotd embedded status`."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert embedded.home_dir(Settings()) == Path("/var/lib/slotd")
+    assert embedded.home_dir(Settings(home="/srv/dev-db")) == Path("/srv/dev-db")

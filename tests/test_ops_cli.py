@@ -310,8 +310,19 @@ def test_click_parse_errors_exit_2_with_one_line(cli: Any) -> None:
     result = cli("dead", "retry", "--id", "x", url=UNREACHABLE)
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert result.stderr.strip().splitlines() == [
-        "slotd: Invalid value for '--id': 'x' is not a valid integer."
+        "slotd: Invalid value for '--id': 'x' is not a task id "
+        "(the number `slotd enqueue` printed, like 42)"
     ]
+
+
+@pytest.mark.parametrize("arg", ["abc", "0", "-5", "1.5"])
+def test_a_task_id_that_is_not_one_says_so(cli: Any, arg: str) -> None:
+    """Once "'abc' is not a valid integer range": click's words for its own type."""
+    line = one_error_line(cli("result", "--", arg, url=UNREACHABLE), 2)
+    assert line == (
+        f"slotd: Invalid value for 'ID': '{arg}' is not a task id "
+        "(the number `slotd enqueue` printed, like 42)"
+    )
 
 
 def test_dead_purge(cli: Any, conn: psycopg.Connection[Any]) -> None:

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from slotd.commands.ops import _duration, _repository, _task_type
+from slotd.commands.ops import TASK_ID, _duration, _repository, _task_type, warn_unhandled
 from slotd.config import format_duration
 from slotd.errors import ConfigError
 from slotd.producer.control import cancel_matching, operator
@@ -17,7 +17,7 @@ from slotd.repository import pause_type, resume_type
 
 
 @click.command("cancel")
-@click.option("--id", "ids", type=int, multiple=True, help="This task (repeatable).")
+@click.option("--id", "ids", type=TASK_ID, multiple=True, help="This task (repeatable).")
 @click.option("--type", "task_type", help="Every live task of this type.")
 @click.option("--key", help="With --type: only the task with this key.")
 @click.pass_context
@@ -70,14 +70,17 @@ def pause(ctx: click.Context, task_type: str, until: str | None) -> None:
     span = _duration(until, "--until")
     if span is not None and span.total_seconds() <= 0:
         raise ConfigError("bad --until: it must be longer than 0s")
-    with _repository(ctx, "pause") as repo, repo.write.transaction():
-        row = pause_type(
-            repo.write, name, by=operator(), for_seconds=span.total_seconds() if span else None
-        )
-    ends = ""
-    if span is not None:
-        ends = f" for {format_duration(span)} (until {row['until'].isoformat(timespec='seconds')})"
-    click.echo(f"paused {name}{ends}")
+    with _repository(ctx, "pause") as repo:
+        with repo.write.transaction():
+            row = pause_type(
+                repo.write, name, by=operator(), for_seconds=span.total_seconds() if span else None
+            )
+        ends = ""
+        if span is not None:
+            until_at = row["until"].isoformat(timespec="seconds")
+            ends = f" for {format_duration(span)} (until {until_at})"
+        click.echo(f"paused {name}{ends}")
+        warn_unhandled(repo, name, "paused anyway: the pause holds for a replica that adds it")
 
 
 @click.command("resume")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import click
 
-from slotd.commands.ops import _dump, _duration, _repository, _table, _task_type
+from slotd.commands.ops import TASK_ID, _dump, _duration, _repository, _table, _task_type
 from slotd.config import Settings, format_duration
 from slotd.errors import ConfigError, SlotdError
 from slotd.repository import Repository
@@ -51,7 +51,7 @@ def dead() -> None:
 
 @dead.command("list")
 @click.option("--type", "task_type", help="Only this task type.")
-@click.option("--id", "ids", type=int, multiple=True, help="Only these ids (repeatable).")
+@click.option("--id", "ids", type=TASK_ID, multiple=True, help="Only these ids (repeatable).")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="A JSON array, for scripts.")
 @click.pass_context
@@ -102,7 +102,7 @@ def _one_line(text: str | None, width: int = 80) -> str | None:
 
 
 @dead.command("retry")
-@click.option("--id", "ids", type=int, multiple=True, help="These ids (repeatable).")
+@click.option("--id", "ids", type=TASK_ID, multiple=True, help="These ids (repeatable).")
 @click.option("--type", "task_type", help="Every dead letter of this type.")
 @click.option("--all", "all_", is_flag=True, help="Every dead letter.")
 @click.pass_context
@@ -129,7 +129,7 @@ def dead_retry(ctx: click.Context, ids: tuple[int, ...], task_type: str | None, 
 
 
 @dead.command("purge")
-@click.option("--id", "ids", type=int, multiple=True, help="These ids (repeatable).")
+@click.option("--id", "ids", type=TASK_ID, multiple=True, help="These ids (repeatable).")
 @click.option("--type", "task_type", help="Every dead letter of this type.")
 @click.option("--all", "all_", is_flag=True, help="Every dead letter.")
 @click.option("--older-than", help="Only those whose last attempt is older, like 7d.")

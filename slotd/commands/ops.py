@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import click
+import psycopg
 
 from slotd import db
 from slotd.config import Settings, format_duration, parse_duration
@@ -53,6 +54,24 @@ def _task_type(value: str | None) -> str | None:
         raise ConfigError(str(exc)) from None
 
 
+class TaskId(click.ParamType):
+    """A task's id: the whole number `slotd enqueue` printed. Said as such, rather than
+    click's "'abc' is not a valid integer range"."""
+
+    name = "id"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        text = str(value).strip()
+        if text.isdigit() and int(text) > 0:
+            return int(text)
+        self.fail(f"{value!r} is not a task id (the number `slotd enqueue` printed, like 42)")
+
+
+TASK_ID = TaskId()
+
+
 def _json_default(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
@@ -88,6 +107,33 @@ def _ago(seconds: float | None) -> str | None:
     return format_duration(max(round(seconds), 0))
 
 
+def served_types(replicas: Sequence[dict[str, Any]]) -> set[str]:
+    """The types the live replicas declared in their last heartbeat."""
+    return {t for r in replicas for t in (r.get("task_types") or ())}
+
+
+def _tasks(n: int) -> str:
+    return f"{n} task{'s' if n != 1 else ''}"
+
+
+def warn_unhandled(repo: Repository, task_type: str, then: str) -> None:
+    """One line on stderr when live replicas heartbeat and none declares `task_type` (a
+    typo, or a handler not deployed yet); nothing when no replica is live, since then no
+    type is handled and the fleet, not the type, is what is missing."""
+    try:
+        replicas = repo.replicas()
+    except psycopg.Error:
+        return  # a look at the fleet, never a reason to fail what was already done
+    served = served_types(replicas)
+    if not replicas or task_type in served:
+        return
+    known = ", ".join(sorted(served)) or "nothing"
+    click.echo(
+        f"slotd: warning: no live replica handles {task_type} (the fleet handles: {known}); {then}",
+        err=True,
+    )
+
+
 # status
 
 # The oldest batches in flight shown (a sealed batch not yet complete); "N+" past it.
@@ -114,6 +160,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
     types = sorted(
         set(gauges["pending"]) | set(gauges["running"]) | set(gauges["dead"]) | set(states)
     )
+    served = served_types(replicas)
+    unhandled = [t for t in types if gauges["pending"].get(t) and t not in served]
     if as_json:
         report = {
             "schema": schema,
@@ -129,6 +177,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
             "oldest_due_by_type": by_type,
             "rates": gauges["rates"],
             "replicas": replicas,
+            # Types with pending work that no live replica declares a handler for.
+            "unhandled": unhandled,
             "slots": sum(r["slots"] for r in replicas),
             "outcomes": recent.as_json(),
             "batches": [
@@ -170,6 +220,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
         click.echo(_table((*heads, "OLDEST DUE"), rows))
     else:
         click.echo("no tasks")
+    if replicas and unhandled:
+        # What the dashboard flags: work that no live replica has a handler for.
+        listed = ", ".join(f"{t} ({_tasks(gauges['pending'].get(t, 0))})" for t in unhandled)
+        click.echo(f"! no live replica handles {listed}: a typo, or a handler not deployed")
     click.echo(f"oldest due: {_ago(gauges['oldest_due_seconds']) or '0s'}")
     _echo_outcomes(recent)
     _echo_rates(gauges["rates"])
@@ -180,7 +234,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
                 p["task_type"],
                 p["paused_by"],
                 p["paused_at"].isoformat(timespec="seconds"),
-                f"{_ago(p['remaining_s'])} left" if p["until"] else "resumed",
+                # Open-ended: "UNTIL resumed" read as "already resumed".
+                f"{_ago(p['remaining_s'])} left" if p["until"] else "slotd resume",
             )
             for p in paused
         ]
@@ -310,7 +365,9 @@ def _running(count: int, limit: tuple[int | None, int | None] | None) -> str | i
     show_default=True,
     help="With --key: dedupe against a live task (pending or running), or a pending one only.",
 )
-@click.option("--after", type=int, multiple=True, help="Run once this task succeeded (repeatable).")
+@click.option(
+    "--after", type=TASK_ID, multiple=True, help="Run once this task succeeded (repeatable)."
+)
 @click.option(
     "--expires-in",
     help="Not started within this long (e.g. 1h): never runs, ends an 'expired' dead letter.",
@@ -358,24 +415,27 @@ def enqueue(
     expiry = _duration(expires_in, "--expires-in")
     if expiry is not None and expiry <= (wait or timedelta(0)):
         raise ConfigError("bad --expires-in: it must be longer than --delay, or it never runs")
-    with _repository(ctx, "enqueue") as repo, repo.write.transaction():
-        try:
-            task_id = enqueue_task(
-                repo.write,
-                name,
-                body,
-                delay=wait,
-                key=key,
-                max_attempts=max_attempts,
-                priority=priority,
-                group=group,
-                unique=unique,
-                after=list(after) or None,
-                expires_in=expiry,
-            )
-        except UnknownParents as exc:
-            raise SlotdError(str(exc)) from None
-    click.echo(str(task_id))
+    with _repository(ctx, "enqueue") as repo:
+        with repo.write.transaction():
+            try:
+                task_id = enqueue_task(
+                    repo.write,
+                    name,
+                    body,
+                    delay=wait,
+                    key=key,
+                    max_attempts=max_attempts,
+                    priority=priority,
+                    group=group,
+                    unique=unique,
+                    after=list(after) or None,
+                    expires_in=expiry,
+                )
+            except UnknownParents as exc:
+                raise SlotdError(str(exc)) from None
+        click.echo(str(task_id))
+        # After the commit: the task is in, whatever the fleet looks like.
+        warn_unhandled(repo, name, "it waits until a replica with its handler starts")
 
 
 def register(group: click.Group) -> None:

@@ -8,12 +8,13 @@ import sys
 import click
 
 from slotd import db
+from slotd.commands.ops import TASK_ID
 from slotd.config import Settings, format_duration, parse_duration
 from slotd.producer.results import Attempt, TaskResult, result, wait_result
 
 
 @click.command("result")
-@click.argument("task_id", metavar="ID", type=click.IntRange(min=1))
+@click.argument("task_id", metavar="ID", type=TASK_ID)
 @click.option("--wait", "wait", help="Wait this long for it to end, like 30s (else now).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
 @click.pass_context

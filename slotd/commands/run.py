@@ -38,8 +38,14 @@ def run(ctx: click.Context, app: str | None, slots: int | None, metrics_addr: st
     write_url = db.primary_url(settings)
     read_url = db.read_url(settings, write_url)
     if not settings.database_url:
+        from slotd import embedded
+
+        # The URL itself, for psql or the user's own application on the same database.
         log.warning(
-            "running on the embedded development database; set SLOTD_DATABASE_URL for production"
+            "running on the embedded development database %s (data in %s); "
+            "set SLOTD_DATABASE_URL for production",
+            write_url,
+            embedded.data_dir(settings),
         )
     _check_schema(write_url)
     from slotd.supervisor.loop import Supervisor

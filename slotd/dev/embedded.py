@@ -83,6 +83,11 @@ def url_for(home: Path) -> str:
     return f"postgresql://{SERVER_USER}@/{DBNAME}?host={host}&port={PORT}"
 
 
+def data_dir(settings: Settings) -> Path:
+    """Where the embedded server keeps its data (what `slotd run` names at start)."""
+    return _server(home_dir(settings)).datadir
+
+
 def is_embedded_url(url: str, settings: Settings | None = None) -> bool:
     """Whether `url` points at the embedded development server (so `slotd run` can warn)."""
     try:
