@@ -143,6 +143,8 @@ def default_schema() -> str:
 
 
 DEFAULT_KILL_GRACE = timedelta(seconds=5)
+# /metrics, /healthz and /readyz when SLOTD_METRICS_ADDR is not set.
+DEFAULT_METRICS_ADDR = "127.0.0.1:9464"
 
 
 @dataclass(frozen=True)
@@ -207,7 +209,9 @@ class Settings:
     # SLOTD_SCHEMA: where every object of slotd lives; each statement names it.
     # Settings() too: every process reads it the same way (a test mode, a command).
     schema: str = field(default_factory=lambda: default_schema())
-    metrics_addr: str = "127.0.0.1:9464"
+    # SLOTD_METRICS_ADDR as given; None is the default address, DEFAULT_METRICS_ADDR, which
+    # gives way to a free port when another process holds it (see slotd/ops/metrics_server.py).
+    metrics_addr: str | None = None
     home: str | None = None
     log_format: str = "text"
     runner_max_tasks: int = 0
@@ -242,7 +246,7 @@ class Settings:
             synchronous_commit=_on_off("SLOTD_SYNCHRONOUS_COMMIT", True),
             priority_step=priority_step(),
             schema=default_schema(),
-            metrics_addr=_env("SLOTD_METRICS_ADDR") or "127.0.0.1:9464",
+            metrics_addr=_env("SLOTD_METRICS_ADDR"),
             home=_env("SLOTD_HOME"),
             log_format=(_env("SLOTD_LOG_FORMAT") or "text"),
             runner_max_tasks=_int("SLOTD_RUNNER_MAX_TASKS", 0),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from slotd.config import Settings, format_duration
+from slotd.config import DEFAULT_METRICS_ADDR, Settings, format_duration
 from slotd.registry import Registry
 
 log = logging.getLogger("slotd.supervisor")
@@ -68,6 +68,11 @@ def serve_metrics(
     addr = settings.metrics_addr
     if addr in ("", "off", "none"):
         return None, None
+    # Not set: the default address, or a free port beside it when another replica (a second
+    # `slotd run`, `slotd examples demo` beside a worker) on this host holds it. Set and
+    # taken: a refusal, since a scraper or a probe was pointed at exactly that address.
+    fallback = addr is None
+    addr = addr or DEFAULT_METRICS_ADDR
     import prometheus_client
 
     from slotd.ops import metrics, metrics_server
@@ -90,6 +95,7 @@ def serve_metrics(
         replica_metrics,
         lambda: health(vitals()),
         lambda: readiness(vitals()),
+        fallback=fallback,
     )
     log.info("metrics on %s/metrics", server.url)
     return replica_metrics, server

@@ -5,6 +5,7 @@ SLOTD_METRICS_ADDR asks for it."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import threading
@@ -125,8 +126,16 @@ def serve(
     metrics: Metrics,
     health: Callable[[], tuple[bool, str]],
     ready: Callable[[], tuple[bool, str]],
+    *,
+    fallback: bool = False,
 ) -> Server:
-    """Serve /metrics, /healthz and /readyz on `addr`; `Server.port` is the bound port."""
+    """Serve /metrics, /healthz and /readyz on `addr`; `Server.port` is the bound port.
+
+    An address that cannot be bound is a ConfigError (one line, exit 2): a scraper or a
+    probe points at exactly that address, so serving elsewhere would hide the replica. With
+    `fallback` (the default address, not chosen by anyone) a taken port gives way to a free
+    one on the same host, said in one warning: two replicas on one host, or `slotd examples
+    demo` beside a worker, run without settings."""
     host, port = parse_addr(addr)
     server_class = _HTTPServer
     if ":" in host:
@@ -135,6 +144,23 @@ def serve(
             address_family = socket.AF_INET6
 
         server_class = _V6
-    httpd = server_class((host, port), _Handler)
+    try:
+        httpd = server_class((host, port), _Handler)
+    except OSError as exc:
+        if not (fallback and exc.errno == errno.EADDRINUSE):
+            raise ConfigError(
+                f"cannot serve metrics on {addr}: {exc.strerror or exc}; set "
+                "SLOTD_METRICS_ADDR (or --metrics-addr) to a free host:port, port 0 for "
+                "any free one, or off"
+            ) from None
+        httpd = server_class((host, 0), _Handler)
+        chosen = f"[{host}]" if ":" in host else host
+        log.warning(
+            "metrics: %s is in use (another slotd on this host?); serving /metrics, /healthz "
+            "and /readyz on %s:%d instead (SLOTD_METRICS_ADDR chooses)",
+            addr,
+            chosen,
+            httpd.server_address[1],
+        )
     httpd.app = _App(metrics, health, ready)
     return Server(httpd)

@@ -133,14 +133,16 @@ class Supervisor:
 
     def run(self) -> int:
         proc.set_title(f"supervisor {self.app} ({self.settings.slots} slots)")
+        # First: an address that cannot be bound is a one-line refusal (ConfigError) before
+        # any signal handler, thread or slot exists.
+        self.metrics, self.server = health.serve_metrics(
+            self.settings, self.registry, self.read_url or self.write_url, self._vitals
+        )
         self.selfpipe = proc.SelfPipe()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, self._on_signal)
         recorder = Recorder(self.counts.tally, self.replica_id, self.heartbeat.leases)
         chores = self.chores = Chores(self.settings, self.write_url, recorder)
-        self.metrics, self.server = health.serve_metrics(
-            self.settings, self.registry, self.read_url or self.write_url, self._vitals
-        )
         for number in range(self.settings.slots):
             self.pool.spawn(number)
         self._start_schedules()
