@@ -201,6 +201,9 @@ class Settings:
     # A transaction holding back vacuum this long is named in a warning (0: never; see
     # slotd/supervisor/horizon.py).
     horizon_warn: timedelta = timedelta(minutes=5)
+    # How long `slotd run` waits for an unreachable database at start before exiting 2 (a
+    # mistyped URL should not be retried for ever); once started, an outage is waited out.
+    start_wait: timedelta = timedelta(seconds=10)
     synchronous_commit: bool = True  # off: the queue's own writes only, see sql/queries.sql
     discovery_batch: int = 20
     # A priority point is this much head start. Stamped by the producer at enqueue; a
@@ -243,6 +246,7 @@ class Settings:
             heartbeat_interval=_duration("SLOTD_HEARTBEAT_INTERVAL", "30s"),
             lock_timeout=_duration("SLOTD_LOCK_TIMEOUT", "5s"),
             horizon_warn=_duration("SLOTD_HORIZON_WARN", "5m"),
+            start_wait=_duration("SLOTD_START_WAIT", "10s"),
             synchronous_commit=_on_off("SLOTD_SYNCHRONOUS_COMMIT", True),
             priority_step=priority_step(),
             schema=default_schema(),

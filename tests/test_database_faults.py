@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -66,17 +68,51 @@ def test_daemon_started_before_its_database_waits_then_serves(
 ) -> None:
     url = own_server.url()
     own_server.stop("fast")
-    daemon = Daemon(url, slots=1).start(wait_ready=False)
+    # A database that starts after its worker (within SLOTD_START_WAIT): waited for, said once.
+    daemon = Daemon(url, slots=1, env={"SLOTD_START_WAIT": "2m"}).start(wait_ready=False)
     try:
-        line = daemon.wait_line(r"database unreachable, retrying")
+        line = daemon.wait_line(r"database unreachable at start")
         assert "Traceback" not in "\n".join(daemon.lines)
-        assert "retrying in" in line
+        assert "trying for up to 2m (SLOTD_START_WAIT)" in line
         own_server.start()
         daemon.wait_line(r"serving ", timeout=60)
         enqueue_committed(url, 3)
         wait_for(lambda: drained(url), what="work once the database came up")
     finally:
         daemon.close()
+
+
+def test_a_url_where_nothing_listens_is_one_line_exit_2_after_the_start_wait() -> None:
+    """A mistyped port: once retried for ever (121 warnings in 40 s, no exit)."""
+    nothing = socket.socket()
+    nothing.bind(("127.0.0.1", 0))  # held, never listening: every connect is refused
+    try:
+        url = f"postgresql://slotd@127.0.0.1:{nothing.getsockname()[1]}/slotd"
+        daemon = Daemon(url, slots=2, env={"SLOTD_START_WAIT": "1s"})
+        done = subprocess.run(
+            daemon.cmd, env=daemon.env, cwd=daemon.cwd, capture_output=True, text=True, timeout=60
+        )
+    finally:
+        nothing.close()
+    assert done.returncode == 2
+    waiting, refusal = done.stderr.splitlines()  # one line while it waits, one to end
+    assert "WARNING" in waiting and "database unreachable at start (" in waiting
+    assert "Connection refused" in waiting and "trying for up to 1s (SLOTD_START_WAIT)" in waiting
+    assert refusal.startswith(f"slotd: cannot reach the database {url}: ")
+    assert refusal.endswith("(check SLOTD_DATABASE_URL; waited 1s, SLOTD_START_WAIT)")
+
+
+def test_a_database_that_refuses_us_is_one_line_exit_2_at_once(own_server: LocalPostgres) -> None:
+    """Wrong database name: the server answered, retrying cannot help, no wait."""
+    url = own_server.url("no_such_database")
+    daemon = Daemon(url, slots=1, env={"SLOTD_START_WAIT": "10m"})
+    done = subprocess.run(
+        daemon.cmd, env=daemon.env, cwd=daemon.cwd, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"slotd: the database {url} refused slotd: ")
+    assert 'database "no_such_database" does not exist' in line
 
 
 def test_reconnect_waits_are_capped_at_seconds_and_jittered() -> None:

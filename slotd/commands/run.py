@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
+from datetime import timedelta
 
 import click
 import psycopg
 
 from slotd import db, logs, repository
-from slotd.config import Settings
+from slotd.config import Settings, format_duration
 from slotd.errors import ConfigError
 from slotd.registry import Registry, load_registry
 from slotd.upgrade import guard as upgrades
@@ -38,7 +40,7 @@ def run(ctx: click.Context, app: str | None, slots: int | None, metrics_addr: st
     write_url = db.primary_url(settings)
     read_url = db.read_url(settings, write_url)
     if not settings.database_url:
-        from slotd import embedded
+        from slotd.dev import embedded
 
         # The URL itself, for psql or the user's own application on the same database.
         log.warning(
@@ -47,7 +49,7 @@ def run(ctx: click.Context, app: str | None, slots: int | None, metrics_addr: st
             write_url,
             embedded.data_dir(settings),
         )
-    _check_schema(write_url)
+    _check_schema(write_url, settings.start_wait)
     from slotd.supervisor.loop import Supervisor
 
     code = Supervisor(app, registry, settings, write_url, read_url, faults).run()
@@ -81,20 +83,60 @@ def _where(url: str) -> tuple[str | None, ...]:
     return tuple(str(parts.get(k) or "") or None for k in ("host", "port", "dbname"))
 
 
-def _check_schema(url: str) -> None:
+def _check_schema(url: str, patience: timedelta) -> None:
     """A missing or older schema is a usage error, said once before any slot starts (not
-    a slot's first statement failing, over and over); a database that is down is not:
-    the supervisor waits for it."""
-    try:
-        with db.connect(url, role="slotd run", connect_timeout=5) as conn:
-            present = repository.schema_present(conn)
-            lacking = repository.unapplied_migrations(conn) if present else []
-    except psycopg.OperationalError:
-        return
+    a slot's first statement failing, over and over). So is a database that cannot be
+    reached at start once SLOTD_START_WAIT has passed (a mistyped URL retried for ever was
+    121 warnings in 40 s and no exit), or at once when it refuses us (a wrong password, no
+    such database): retrying cannot fix those. A database that goes away after the start
+    is waited out for ever, by every component on its own."""
+    backoff = db.Reconnect()
+    give_up = time.monotonic() + patience.total_seconds()
+    said = False
+    while True:
+        try:
+            with db.connect(url, role="slotd run", connect_timeout=5) as conn:
+                present = repository.schema_present(conn)
+                lacking = repository.unapplied_migrations(conn) if present else []
+            break
+        except psycopg.OperationalError as exc:
+            delay = backoff.next()
+            if _refused(exc):
+                raise ConfigError(
+                    f"the database {db.redact(url)} refused slotd: {db.first_line(exc)} "
+                    "(check SLOTD_DATABASE_URL)"
+                ) from None
+            if time.monotonic() + delay > give_up:
+                raise ConfigError(
+                    f"cannot reach the database {db.redact(url)}: {db.first_line(exc)} "
+                    f"(check SLOTD_DATABASE_URL; waited {format_duration(patience)}, "
+                    "SLOTD_START_WAIT)"
+                ) from None
+            if not said:  # one line while it waits, not one per try
+                said = True
+                log.warning(
+                    "database unreachable at start (%s); trying for up to %s (SLOTD_START_WAIT)",
+                    db.first_line(exc),
+                    format_duration(patience),
+                )
+            time.sleep(delay)
     if not present:
         raise ConfigError("the database has no slotd schema: run `slotd migrate` first")
     if lacking:
         raise ConfigError(upgrades.behind_message(lacking))
+
+
+# What libpq says when the server answered and refused us (a connection failure carries no
+# SQLSTATE): a wrong password or user, no pg_hba.conf entry, no such database or role. A
+# server translated to another language falls back to the wait, then the same exit.
+_REFUSALS = ("authentication failed", "no pg_hba.conf entry", "does not exist")
+
+
+def _refused(exc: psycopg.OperationalError) -> bool:
+    """The server answered and said no: retrying cannot help. Not a server still starting
+    (57P03), nor nothing listening, nor a name that does not resolve yet."""
+    state = exc.sqlstate or ""
+    return state.startswith("28") or state == "3D000" or any(r in str(exc) for r in _REFUSALS)
 
 
 def register(group: click.Group) -> None:
