@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,6 +61,38 @@ def test_daemon_survives_a_postgresql_restart(own_server: LocalPostgres) -> None
         # Still listening: a fresh enqueue is picked up long before the 60 s tick.
         enqueue_committed(url, 1)
         wait_for(lambda: drained(url), timeout=20, what="a notified task after recovery")
+    finally:
+        daemon.close()
+
+
+OUTAGE_S = 12.0
+
+
+def test_an_outage_is_told_in_steps_once_for_all_slots(own_server: LocalPostgres) -> None:
+    """A database gone after a good start is still waited out, but each component tells a
+    run of failures at its 1st, 2nd, 4th, 8th... and the slots as one: 40 s of outage
+    under 4 slots was 95 warnings, every slot saying every try."""
+    url = own_server.url()
+    daemon = Daemon(url, slots=4).start()
+    try:
+        mark = len(daemon.lines)
+        own_server.stop("fast")
+        # Not a wait for an event: the volume of an outage is counted over its length.
+        time.sleep(OUTAGE_S)
+        seen = daemon.lines[mark:]
+        listener = r"supervisor database unreachable, retrying"
+        slots_unreachable = [ln for ln in seen if re.search(r"slot \d database unreachable", ln)]
+        slots_lost = [ln for ln in seen if "lost the database connection" in ln]
+        sweeps = [ln for ln in seen if "sweep failed" in ln]
+        # Each slot fails a try every ~2 s at the cap: four voices were 20 lines or more.
+        assert 1 <= len(slots_unreachable) <= 6, slots_unreachable
+        assert 1 <= len([ln for ln in seen if re.search(listener, ln)]) <= 5
+        assert 1 <= len(slots_lost) <= 2, slots_lost  # one, or two that raced
+        assert len(sweeps) <= 5, sweeps  # a sweep a poll (1 s) at most, when one is due
+        own_server.start()
+        enqueue_committed(url, 3)
+        wait_for(lambda: drained(url), timeout=60, what="work after the outage")
+        assert not any("Traceback" in ln for ln in daemon.lines)
     finally:
         daemon.close()
 

@@ -311,3 +311,24 @@ def test_a_settlement_line_reaches_an_applications_handler_as_a_record(
     logs.line(logger, logging.INFO, "quiet %s", ("x",), {})
     logs.flush()
     assert "quiet" not in stream.getvalue()
+
+
+def test_a_run_of_failures_is_told_at_its_powers_of_two_then_once_a_minute(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from slotd import logs
+
+    now = [1000.0]
+    monkeypatch.setattr(logs.time, "monotonic", lambda: now[0])
+    repeats = logs.Repeats()
+    told = []
+    for n in range(1, 41):
+        now[0] += 2.0  # a try every 2 s, as a reconnect at its cap
+        if repeats.failed():
+            told.append(n)
+    # Every 2 s, the 32nd comes 32 s after the 16th: no reminder needed in between.
+    assert told == [1, 2, 4, 8, 16, 32]
+    now[0] += 61
+    assert repeats.failed()  # a minute of silence: a reminder
+    assert repeats.ok() is True and repeats.ok() is False
+    assert repeats.failed()  # a new run starts at its first

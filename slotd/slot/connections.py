@@ -14,7 +14,9 @@ import psycopg
 
 from slotd import db, repository
 from slotd.config import Settings
+from slotd.logs import Repeats
 from slotd.repository import Claimed, Repository
+from slotd.slot.voice import SlotsVoice
 
 T = TypeVar("T")
 
@@ -31,14 +33,18 @@ class SlotConnections:
         stopping: Callable[[], bool],
         on_reconnect: Callable[[], None],
         log: logging.Logger | logging.LoggerAdapter[Any],
+        voice: SlotsVoice | None = None,
     ) -> None:
         self.role, self.number = f"slotd slot {number}", number
         self.settings, self.write_url, self.read_url = settings, write_url, read_url
         self.pause, self.stopping, self.on_reconnect, self.log = pause, stopping, on_reconnect, log
         self.repo: Repository | None = None
+        # Shared with the replica's other slots: an outage is told once, not once per slot.
+        self.voice = voice or SlotsVoice()
 
     def connect(self) -> Repository:
         backoff = db.Reconnect()
+        repeats = Repeats()
         prepare = self.settings.prepare
         while not self.stopping():
             write = None
@@ -61,19 +67,29 @@ class SlotConnections:
                     if db.session_is_ours(conn, prepare):
                         repository.plan_generically(conn)
                 self.repo = repo
+                if repeats.ok():
+                    self.voice.recovered()
                 return repo
             except psycopg.OperationalError as exc:
                 if write is not None:
                     write.close()
                 delay = backoff.next()
-                self.log.warning(
-                    "database unreachable, retrying in %.1fs: %s", delay, db.first_line(exc)
+                say = repeats.failed() and self.voice.may_say(repeats.count)
+                self.log.log(
+                    logging.WARNING if say else logging.DEBUG,
+                    "database unreachable, retrying in %.1fs: %s",
+                    delay,
+                    db.first_line(exc),
                 )
                 self.pause(delay)
         raise SystemExit(0)
 
     def reconnect(self, exc: Exception) -> None:
-        self.log.warning("lost the database connection: %s", db.first_line(exc))
+        self.log.log(
+            logging.WARNING if self.voice.may_say_lost() else logging.DEBUG,
+            "lost the database connection: %s",
+            db.first_line(exc),
+        )
         if self.repo is not None:
             for conn in {self.repo.write, self.repo.read}:
                 try:

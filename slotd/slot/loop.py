@@ -75,6 +75,7 @@ class Slot:
             stopping=lambda: self.stopping,
             on_reconnect=self.candidates.forget,
             log=self.log,
+            voice=spec.voice,
         )
         self.bell = Bell(spec.ledger, self._report, lambda: self.runners.pid)
         self.attempt = AttemptWatch(self)  # the watch over each attempt (slotd.attempt_watch)

@@ -11,6 +11,7 @@ from typing import Any
 from slotd.config import Settings
 from slotd.registry import Registry
 from slotd.slot.ledger import Ledger
+from slotd.slot.voice import SlotsVoice
 
 
 @dataclass
@@ -27,3 +28,5 @@ class SlotSpec:
     # Where the slot writes its settlements, its lease and each attempt's outcome before
     # settling it, for the supervisor (slotd.ledger).
     ledger: Ledger = field(default_factory=Ledger)
+    # Shared by every slot of the replica (made before the forks): an outage told once.
+    voice: SlotsVoice = field(default_factory=SlotsVoice)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from slotd import db
 from slotd.lifecycle import Swept
+from slotd.logs import Repeats
 from slotd.repository import Beat
 from slotd.slot.ledger import Settled
 from slotd.supervisor.chores import Chores, Done
@@ -49,6 +50,8 @@ class ChoreResults:
         # What a heartbeat read: who holds back vacuum, when a lease lapses (the loop's).
         self._beaten = beaten
         self._sweeps = sweeps if sweeps is not None else SweepTimer()
+        # A database gone fails a sweep every poll: a run of failures is told in steps.
+        self._repeats = {"sweep": Repeats(), "heartbeat": Repeats()}
 
     def done(self, done: Done) -> None:
         if done.name == "listen":
@@ -64,18 +67,22 @@ class ChoreResults:
             self._orphans.settled(done)
         elif done.name == "sweep":
             if done.error is not None:
-                log.warning("sweep failed: %s", db.first_line(done.error))
+                level = self._repeats["sweep"].level()
+                log.log(level, "sweep failed: %s", db.first_line(done.error))
                 return
+            self._repeats["sweep"].ok()
             self._swept(done.value)
         elif done.name == "selftest":
             self._listener.selftest_sent(done)
         elif done.name == "heartbeat":
             if done.error is None:
+                self._repeats["heartbeat"].ok()
                 self._beaten(done.value)
                 return
             if db.is_prepare_error(done.error):
                 self._fatal(db.PREPARE_ADVICE.format(error=db.first_line(done.error)))
-            log.warning("heartbeat failed: %s", db.first_line(done.error))
+            level = self._repeats["heartbeat"].level()
+            log.log(level, "heartbeat failed: %s", db.first_line(done.error))
         elif done.error is not None and done.name == "retention":
             log.warning("retention cleanup failed: %s", db.first_line(done.error))
 

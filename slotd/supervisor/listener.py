@@ -17,6 +17,7 @@ import psycopg
 
 from slotd import db, repository
 from slotd.config import Settings, format_duration
+from slotd.logs import Repeats
 from slotd.repository.named import channel
 from slotd.supervisor.chores import Chores, Done
 
@@ -39,6 +40,7 @@ class Listener:
         self.conn: psycopg.Connection[Any] | None = None
         self.retry_at = 0.0
         self.backoff = db.Reconnect()
+        self.repeats = Repeats()  # which of a run of failed opens are logged
         self.selftest_payload = f"selftest {replica_id}"
         self.selftest_deadline: float | None = None
         self.selftest_seen = False
@@ -69,8 +71,11 @@ class Listener:
         """Take over the connection `open` made; False when there is none to listen on."""
         if done.error is not None:
             delay = self.backoff.next()
-            log.warning(
-                "database unreachable, retrying in %.1fs: %s", delay, db.first_line(done.error)
+            log.log(
+                self.repeats.level(),
+                "database unreachable, retrying in %.1fs: %s",
+                delay,
+                db.first_line(done.error),
             )
             self.retry_at = time.monotonic() + delay
             return False
@@ -82,6 +87,7 @@ class Listener:
         # a peer that died silently.
         self.conn = done.value
         self.backoff.reset()
+        self.repeats.ok()
         return True
 
     def socket(self) -> int | None:

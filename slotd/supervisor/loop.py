@@ -32,6 +32,7 @@ from slotd.registry import Registry
 from slotd.repository import Beat
 from slotd.slot.ledger import Ledger
 from slotd.slot.spec import SlotSpec
+from slotd.slot.voice import SlotsVoice
 from slotd.supervisor import sdnotify
 from slotd.supervisor.chore_results import ChoreResults
 from slotd.supervisor.chores import Chores
@@ -78,6 +79,8 @@ class Supervisor:
         self.loop_seen = time.monotonic()
         self.metrics: Any = None
         self.server: Any = None
+        # What the slots share to tell a database outage once between them (slot/voice.py).
+        self.voice = SlotsVoice()
         # As pid 1 (a container's command) every orphan in the namespace is ours to reap.
         self.reaps_orphans = os.getpid() == 1
         self.schedules: Any = None  # slotd.scheduler.ScheduleThread, when any are declared
@@ -247,6 +250,7 @@ class Supervisor:
             self.faults,
             parent=os.getpid(),
             ledger=Ledger(),
+            voice=self.voice,
         )
 
     def _forget_in_child(self) -> None:

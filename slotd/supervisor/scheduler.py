@@ -25,6 +25,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from slotd import db
+from slotd.logs import Repeats
 from slotd.repository import Repository
 from slotd.schedule import Plan, Schedule, lag_seconds, plan
 
@@ -248,13 +249,20 @@ class ScheduleThread(threading.Thread):
 
     def run(self) -> None:
         backoff = 0.5
+        repeats = Repeats()  # a database gone: its run of failures told in steps
         while not self._stop_event.is_set():
             try:
                 self._step()
                 backoff = 0.5
+                repeats.ok()
             except Exception as exc:  # noqa: BLE001 - the thread must outlive any error
                 if isinstance(exc, psycopg.Error):
-                    log.warning("schedules: %s; retrying in %.1fs", db.first_line(exc), backoff)
+                    log.log(
+                        repeats.level(),
+                        "schedules: %s; retrying in %.1fs",
+                        db.first_line(exc),
+                        backoff,
+                    )
                 else:
                     log.exception("schedules: evaluation failed; retrying in %.1fs", backoff)
                 self._drop()
