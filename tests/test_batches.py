@@ -155,6 +155,12 @@ def test_bad_batch_input_is_one_line_and_writes_nothing(conn: psycopg.Connection
         slotd.batch(conn, on_complete=("fl.report", {})) as b,
     ):
         b.enqueue_many([slotd.NewTask("fl.member", {}, key="k")])
+    # The same refusal from enqueue (it was Python's "unexpected keyword argument 'key'").
+    with (
+        pytest.raises(ValueError, match="'fl.member': a batch's tasks take no key="),
+        slotd.batch(conn, on_complete=("fl.report", {})) as b,
+    ):
+        b.enqueue("fl.member", {}, key="k")
     assert conn.execute("SELECT count(*) FROM slotd_batches").fetchone() == (0,)
 
 

@@ -54,6 +54,10 @@ def test_error_records_failure_with_backoff(
     assert settled.outcome is Outcome.FAILURE
     row = fetch(conn, task_id)
     assert "RuntimeError: storage unavailable" in row["last_error"]
+    # The stored traceback starts at the handler, not at five of slotd's own frames.
+    first_frame = row["last_error"].splitlines()[1]
+    assert first_frame.startswith(f'  File "{__file__}", line '), row["last_error"]
+    assert first_frame.endswith(", in boom")
     assert row["lease_token"] is None
     assert repo.discover(reg.types) == []  # backed off, not due
 

@@ -78,8 +78,9 @@ class _Members:
         delay: timedelta | float | None,
         priority: int,
         group: str | None,
+        key: str | None,
     ) -> NewTask:
-        return NewTask(task_type, payload, delay, None, priority, group)
+        return NewTask(task_type, payload, delay, key, priority, group)
 
 
 class Batch(_Members):
@@ -95,8 +96,11 @@ class Batch(_Members):
         priority: int = 0,
         group: str | None = None,
         after: Sequence[int] | None = None,
+        key: str | None = None,
     ) -> int:
-        new = self._one(task_type, payload, delay, priority, group)
+        # key= is taken only to be refused as enqueue_many refuses it (a batch's task takes
+        # none), rather than as Python's bare "unexpected keyword argument".
+        new = self._one(task_type, payload, delay, priority, group, key)
         return self.enqueue_many([new], max_attempts=max_attempts, after=after)[0]
 
     def enqueue_many(
@@ -127,8 +131,9 @@ class AsyncBatch(_Members):
         priority: int = 0,
         group: str | None = None,
         after: Sequence[int] | None = None,
+        key: str | None = None,
     ) -> int:
-        new = self._one(task_type, payload, delay, priority, group)
+        new = self._one(task_type, payload, delay, priority, group, key)  # key=: refused
         return (await self.enqueue_many([new], max_attempts=max_attempts, after=after))[0]
 
     async def enqueue_many(

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
+from types import TracebackType
 from typing import Any
 
 from slotd import lifecycle
@@ -144,8 +146,24 @@ def _seconds(span: timedelta | None) -> float | None:
     return None if span is None else span.total_seconds()
 
 
+# slotd's own frames above a handler's (execute, the middleware chain, the runner): five of
+# them opened every stored traceback before the first line of the user's code.
+_OURS = os.path.dirname(os.path.dirname(__file__)) + os.sep
+
+
 def _describe(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(exc)).strip()
+    """The stored error: the traceback from the first frame outside slotd (the handler or
+    its middleware), all of it when every frame is slotd's (a deadline raised by slotd)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and _is_ours(tb):
+        tb = tb.tb_next
+    if tb is None or _is_ours(tb):
+        tb = exc.__traceback__
+    return "".join(traceback.format_exception(type(exc), exc, tb)).strip()
+
+
+def _is_ours(tb: TracebackType) -> bool:
+    return tb.tb_frame.f_code.co_filename.startswith(_OURS)
 
 
 def process(
