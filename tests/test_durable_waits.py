@@ -4,6 +4,7 @@ before or after the wait is seen, a rolled-back emit wakes nobody, a timeout ret
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import psycopg
@@ -84,3 +85,19 @@ def test_an_event_emitted_before_and_after_the_wait_a_rollback_and_a_timeout(
     assert wait_for(lambda: _at(qconn, cmd, "done"), what="the command's emit")[0][1] == "cli"
     bad = cli(db_url, "emit", "approved:6", "{nope")
     assert bad.returncode == 2 and bad.stderr.strip().startswith("slotd: bad JSON"), bad.stderr
+
+
+def test_a_rollout_while_a_task_sleeps(
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+) -> None:
+    """The old replica stops (SIGTERM) while the task sleeps; the new one resumes it: a
+    sleeping task holds no lease, so nothing is handed over and no attempt is spent."""
+    sleeper = slotd.enqueue(qconn, "dur.sleeper", {"s": 3})
+    old = _daemon(db_url, daemons)
+    wait_for(lambda: _state(qconn, sleeper) == "waiting", what="the sleeper waiting")
+    old.signal(signal.SIGTERM)
+    assert old.wait(30) == 0
+    new = _daemon(db_url, daemons)
+    wait_for(lambda: _at(qconn, sleeper, "done"), what="the new replica's resume")
+    assert len(_at(qconn, sleeper, "side:before")) == 1  # its step was not run again
+    new.wait_line(rf"dur\.sleeper#{sleeper} attempt 1: success")  # max_attempts=1: none spent
