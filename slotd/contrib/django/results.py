@@ -143,7 +143,7 @@ class ReturnValueNotJSON(TypeError):
     task's side effects have happened)."""
 
 
-def _unimportable(path: str, error: BaseException) -> Task:
+def _unimportable(path: str, error: BaseException, fields: dict[str, Any]) -> Task:
     """A stand-in Task for a path that no longer imports (a typo, a renamed or removed
     task, code not yet deployed on this host): get_result() still reads the record, and
     calling it raises the ImportError, which the worker records at once."""
@@ -154,7 +154,8 @@ def _unimportable(path: str, error: BaseException) -> Task:
 
     call.__module__, call.__name__, call.__qualname__ = module, name, name
     call.slotd_import_error = error  # type: ignore[attr-defined]
-    return Task(func=call)
+    # Every field named: Django 6.0's Task has no defaults for them (6.1 has).
+    return Task(func=call, **fields)
 
 
 def import_error(task: Task) -> BaseException | None:
@@ -162,26 +163,27 @@ def import_error(task: Task) -> BaseException | None:
     return getattr(task.func, "slotd_import_error", None)
 
 
-def load_task(path: str) -> Task:
+def load_task(path: str, fields: dict[str, Any]) -> Task:
     try:
         task = import_string(path)
     except ImportError as exc:  # import_string turns a missing attribute into one too
         error = ImportError(f"task {path} cannot be imported: {exc}")
         error.__cause__ = exc
-        return _unimportable(path, error)
+        return _unimportable(path, error, fields)
     if not isinstance(task, Task):
-        return _unimportable(path, ImportError(f"{path!r} is no longer a django.tasks Task"))
+        gone = ImportError(f"{path!r} is no longer a django.tasks Task")
+        return _unimportable(path, gone, fields)
     return task
 
 
 def build(row: dict[str, Any]) -> TaskResult:
-    task = dataclasses.replace(
-        load_task(row["task_path"]),
-        backend=row["backend"],
-        queue_name=row["queue_name"],
-        priority=row["priority"],
-        run_after=row["run_after"],
-    )
+    fields = {
+        "backend": row["backend"],
+        "queue_name": row["queue_name"],
+        "priority": row["priority"],
+        "run_after": row["run_after"],
+    }
+    task = dataclasses.replace(load_task(row["task_path"], fields), **fields)
     errors = [TaskError(**err) for err in row["errors"]]
     status = TaskResultStatus(row["status"])
     if status != row["stored_status"] and status == FAILED:
