@@ -159,3 +159,20 @@ def test_enqueued_at_is_the_enqueue_not_the_transaction_start() -> None:
         result = add.enqueue(1, 1)
     assert result.enqueued_at >= before > began
     assert add.get_result(result.id).enqueued_at == result.enqueued_at
+
+
+def test_a_worker_for_some_queues_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`manage.py slotd run --queue NAME` (django-tasks' `db_worker --queue-name`): the
+    worker registers those queues' task types only; a name no backend has is refused."""
+    from slotd.contrib.django.management.commands.slotd import _queues
+    from slotd.contrib.django.worker import QUEUES_ENV
+
+    assert _queues(["--queue", "slow", "--slots", "2", "--queue=default"]) == (
+        ["--slots", "2"],
+        ["slow", "default"],
+    )
+    monkeypatch.setenv(QUEUES_ENV, "slow")
+    assert build_registry().types == ["django.slow"]
+    monkeypatch.setenv(QUEUES_ENV, "emails")
+    with pytest.raises(ValueError, match="--queue 'emails' is not a queue"):
+        build_registry()

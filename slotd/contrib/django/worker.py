@@ -33,6 +33,9 @@ PRUNE_PERIOD = timedelta(hours=1)
 # makes sure one replica prunes per PRUNE_PERIOD.
 _PRUNE_ASK_EVERY_S = 300.0
 _next_prune_ask = 0.0
+# `manage.py slotd run --queue NAME`: the queues this worker serves (comma-separated; all
+# when unset), like django-tasks' `db_worker --queue-name`.
+QUEUES_ENV = "SLOTD_DJANGO_QUEUES"
 
 
 def registry() -> Registry:
@@ -78,10 +81,15 @@ def build_registry() -> Registry:
     task type, so both must agree on its ceiling."""
     from slotd.contrib.django.configured import slotd_backends
 
+    wanted = [q for q in os.environ.get(QUEUES_ENV, "").split(",") if q]
     reg = Registry()
     ceilings: dict[str, timedelta] = {}
+    served: set[str] = set()
     for backend in slotd_backends():
         for config in backend.queue_configs():
+            served.add(config.name)
+            if wanted and config.name not in wanted:
+                continue
             known = ceilings.get(config.task_type)
             if known is None:
                 ceilings[config.task_type] = config.ceiling
@@ -91,6 +99,12 @@ def build_registry() -> Registry:
                     f"queue {config.name!r} has two ceilings ({known} and {config.ceiling}) "
                     "in two TASKS aliases; one task type can have only one"
                 )
+    unknown = sorted(set(wanted) - served)
+    if unknown:
+        raise ConfigError(
+            f"--queue {unknown[0]!r} is not a queue of the slotd TASKS backends "
+            f"(they have: {', '.join(sorted(served))})"
+        )
     if not len(reg):
         raise ConfigError("no TASKS backend is slotd.contrib.django.SlotdBackend")
     return reg

@@ -10,15 +10,34 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from slotd.contrib.django.worker import QUEUES_ENV
 from slotd.errors import ConfigError
 
 APP = "slotd.contrib.django.worker:registry"
 
 
+def _queues(args: list[str]) -> tuple[list[str], list[str]]:
+    """`--queue NAME` / `--queue=NAME` (repeatable) taken out of the arguments for slotd."""
+    rest, queues = [], []
+    it = iter(args)
+    for arg in it:
+        if arg == "--queue":
+            name = next(it, None)
+            if name is None:
+                raise CommandError("--queue needs a queue name", returncode=2)
+            queues.append(name)
+        elif arg.startswith("--queue="):
+            queues.append(arg.removeprefix("--queue="))
+        else:
+            rest.append(arg)
+    return rest, queues
+
+
 class Command(BaseCommand):
     help = (
-        "slotd on the database in DATABASES. run [--slots N ...]: the worker (the options of "
-        "`slotd run`); status [--json]: pending / running / dead per queue; prune_results: "
+        "slotd on the database in DATABASES. run [--queue NAME ...] [--slots N ...]: the "
+        "worker (the options of `slotd run`; --queue, repeatable: only these queues); "
+        "status [--json]: pending / running / dead per queue; prune_results: "
         "delete finished task results older than RESULT_RETENTION now."
     )
 
@@ -27,7 +46,10 @@ class Command(BaseCommand):
         parser.add_argument("slotd_args", nargs=argparse.REMAINDER, help="passed on to slotd")
 
     def handle(self, *_: Any, action: str, slotd_args: list[str], **options: Any) -> None:
-        args = slotd_args
+        args, queues = _queues(slotd_args) if action == "run" else (slotd_args, [])
+        if queues:
+            # Read by build_registry() in every process of the worker (slots, runners).
+            os.environ[QUEUES_ENV] = ",".join(queues)
         from slotd.contrib.django import configured, database
 
         try:
