@@ -84,6 +84,8 @@ def main() -> None:
         ]
         print(f"n={n} per row, median of the whole task (every attempt)")
         print("| case | ms per task | statements per task |\n|---|---|---|")
+        if "plain" in sys.argv[2:]:  # the A/B against a checkout without steps
+            rows = rows[:1]
         for label, task_type, payload, runs, stmts in rows:
             ms = measure(repo, conn, task_type, payload, runs, n)
             print(f"| {label} | {ms:.2f} | {stmts} |")
