@@ -1455,7 +1455,8 @@ WITH settled AS (
 ), ended AS (
     SELECT s.id, s.batch_id, 'cancelled' AS outcome FROM settled s WHERE s.batch_id IS NOT NULL
 ), settled_attempt AS (
-    SELECT s.id, s.task_type, coalesce(s.dead_attempts, 0), s.last_attempted_at, s.last_error
+    SELECT s.id, s.task_type, coalesce(s.dead_attempts, 0) AS number,
+           s.last_attempted_at AS started_at, s.last_error AS error
     FROM settled s
 ), {attempt_recorded}, {batch_counted}
 SELECT s.id, pg_notify('slotd_result', s.id::text) FROM settled s
