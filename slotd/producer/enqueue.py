@@ -42,6 +42,12 @@ def _announce(target: Any, ids: list[int], schema: str) -> None:
         _hook(target, ids, schema)
 
 
+def test_mode_active() -> bool:
+    """A test mode (slotd.testing) hooks enqueue: eager mode has run the task by the time
+    enqueue returns, so an integration returns what it reads then (Django's TaskResult)."""
+    return _hook is not None
+
+
 @contextmanager
 def hooks_held() -> Iterator[None]:
     """Hold the test modes' enqueue hook until the block ends without an error: for an

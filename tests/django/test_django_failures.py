@@ -126,6 +126,8 @@ def test_slotd_eager_runs_django_tasks_with_their_result_row(slotd_eager: Any) -
 
     result = add.enqueue(2, 3)
     assert [s.outcome for _, s in slotd_eager.settlements] == [Outcome.SUCCESS]
+    # What enqueue returns is already finished, as with Django's ImmediateBackend (#42 item 7).
+    assert result.status == SUCCESSFUL and result.return_value == {"sum": 5, "parts": [2, 3]}
     shown = add.get_result(result.id)
     assert shown.status == SUCCESSFUL and shown.return_value == {"sum": 5, "parts": [2, 3]}
     assert calls("add") == 1
