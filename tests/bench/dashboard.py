@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from slotd.dev.localpg import LocalPostgres  # noqa: E402
 from slotd.repository import DashboardReads, Repository, migrate, statements  # noqa: E402
 from slotd.repository import history as record  # noqa: E402
-from slotd.web import listings, pages  # noqa: E402
+from slotd.web import charts, listings, pages  # noqa: E402
 from tests.bench.gauges_cost import build  # noqa: E402
 
 PAGES = [
@@ -49,7 +49,13 @@ PAGES = [
     "/tasks?type=type_3&after=TASKS",
     "/tasks/ID",
     "/schedules",
+    "/types/type_3",
+    "/?window=day",
 ]
+# The pages that update themselves (static/dashboard.js), and how often by default: a page
+# shown in any number of tabs reads at most once per half interval (app.Dashboard.read_live).
+LIVE = ("/", "/running", "/?window=day")  # and every /tasks/<id>, /types/<type>
+REFRESH_S = 5.0
 
 
 class Counting:
@@ -74,7 +80,11 @@ class Counting:
 def page_call(path: str) -> Any:
     route, _, query = path.partition("?")
     if route == "/":
+        if "window=day" in query:
+            return lambda r: pages.overview(r, charts.DAY)
         return pages.overview
+    if route.startswith("/types/"):
+        return lambda r: pages.task_type(r, route.rsplit("/", 1)[1])
     if route == "/running":
         return lambda r: pages.running(r, timedelta(seconds=30))
     if route.startswith("/tasks/"):
@@ -125,11 +135,13 @@ def main() -> None:
                 "SELECT coalesce(cancelled_at, last_attempted_at), id FROM slotd_tasks "
                 "WHERE attempt_count >= max_attempts "
                 "ORDER BY coalesce(cancelled_at, last_attempted_at) DESC NULLS LAST, id DESC "
-                "OFFSET 300000 LIMIT 1"
+                "OFFSET %s LIMIT 1",
+                (args.rows * 3 // 10,),
             ).fetchone()
             later = conn.execute(
                 "SELECT run_at, id FROM slotd_tasks WHERE task_type = 'type_3' "
-                "AND attempt_count < max_attempts ORDER BY run_at, id OFFSET 20000 LIMIT 1"
+                "AND attempt_count < max_attempts ORDER BY run_at, id OFFSET %s LIMIT 1",
+                (args.rows // 50,),
             ).fetchone()
             assert deep is not None and later is not None
             sampled = time.perf_counter()
@@ -171,8 +183,11 @@ def main() -> None:
             time.sleep(0.1)
 
         out.append("")
-        out.append("| page | median ms | p95 ms | statements (name: ms) |")
-        out.append("|---|---|---|---|")
+        out.append(
+            f"| page | median ms | p95 ms | statements (name: ms) | live: statements/s per "
+            f"page shown (refresh {REFRESH_S:g}s, one read per {REFRESH_S / 2:g}s) |"
+        )
+        out.append("|---|---|---|---|---|")
         with psycopg.connect(url, autocommit=True) as conn:
             plans: list[str] = []
             for path in paths:
@@ -188,9 +203,12 @@ def main() -> None:
                 shown = path.replace(key, "<key>").replace(f"/tasks/{task_id}", "/tasks/<id>")
                 for name, value in cursors.items():
                     shown = shown.replace(value, f"<{name.lower()} cursor>")
+                live = path in LIVE or path.startswith(("/tasks/", "/types/"))
+                # dash_bound, the transaction's first statement, is counted too.
+                per_s = f"{(len(counting.log) + 1) / (REFRESH_S / 2):.1f}" if live else "–"
                 out.append(
                     f"| `{shown}` | {statistics.median(samples):.1f} | "
-                    f"{percentile(samples, 0.95):.1f} | {len(counting.log)}: {listed} |"
+                    f"{percentile(samples, 0.95):.1f} | {len(counting.log)}: {listed} | {per_s} |"
                 )
                 for name, _, sql, params in counting.log:
                     plan = conn.execute(f"EXPLAIN (ANALYZE, COSTS OFF) {sql}", params).fetchall()
