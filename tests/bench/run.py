@@ -836,7 +836,12 @@ class _Explicit(Repository):
     """The write lane as it was: BEGIN, bound, statement, COMMIT in one pipeline."""
 
     @contextlib.contextmanager
-    def _bounded(self, lock_types: Any = ()) -> Iterator[psycopg.Connection[Any]]:
+    def _bounded(
+        self, lock_types: Any = (), before: Any = None
+    ) -> Iterator[psycopg.Connection[Any]]:
+        # The bench's claims take no type lock and no `before` statement: refuse one loudly
+        # rather than measure a write that skipped it.
+        assert not lock_types and before is None
         with self.write.pipeline(), self.write.transaction():
             self.write.execute(statements()["bound"], self._bounds)
             yield self.write
@@ -846,8 +851,9 @@ class _Unbounded(Repository):
     """The same statements without the SET LOCAL bound: the floor the bound is paid against."""
 
     def _write(
-        self, name: str, params: Any, lock_types: Any = ()
+        self, name: str, params: Any, lock_types: Any = (), before: Any = None
     ) -> tuple[int, list[tuple[Any, ...]]]:
+        assert not lock_types and before is None
         cur = self.write.execute(statements()[name], params)
         return cur.rowcount, (cur.fetchall() if cur.description else [])
 
