@@ -125,6 +125,7 @@ def _register_commands() -> None:
         "dashboard",
         "results",
         "events",
+        "tasks",
     ):
         try:
             module = importlib.import_module(f"slotd.commands.{name}")

@@ -12,12 +12,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from slotd import integrations
 from slotd.config import max_attempts_value
 from slotd.errors import ConfigError
 from slotd.middleware import Chain, Middleware
+from slotd.typed.handle import TaskHandle
+from slotd.typed.models import P, PayloadModel
 
 if TYPE_CHECKING:
     from slotd.schedule import Schedule
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 HandlerFn = Callable[["Task", "Context"], Any]
 # backoff=(attempt, exception) -> timedelta: the delay before the next attempt.
 Backoff = Callable[[int, BaseException], timedelta]
+F = TypeVar("F", bound=Callable[..., Any])
 # rate=(N, window): at most N starts in any window of that length.
 Rate = tuple[int, timedelta]
 TYPE_NAME = re.compile(r"^[a-z][a-z0-9_.:-]{0,127}$")
@@ -75,6 +78,9 @@ class Handler:
     # A success stays answerable (its state and attempts, slotd.result) this long; its value
     # only with keep_result. None: the worker's SLOTD_KEEP_HISTORY, else not at all.
     keep_history: timedelta | None = None
+    # payload=Model: task.payload is this model, built and validated at the claim
+    # (slotd.typed.models); a payload it refuses is discarded, never retried. None: the dict.
+    payload_model: PayloadModel[Any] | None = field(default=None, compare=False)
 
     def limits(self) -> tuple[int | None, float | None, float | None]:
         """As plain numbers, for the runner's hello to its slot."""
@@ -189,6 +195,7 @@ class Registry:
         discard_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
         backoff: Backoff | None = None,
         keep_history: timedelta | None = None,
+        payload: type[Any] | None = None,
     ) -> HandlerFn:
         """`max_attempts`, `backoff_base`, `backoff_cap` override the worker's settings for
         this type; the worker that claims a task stamps its threshold on the row.
@@ -201,7 +208,9 @@ class Registry:
         `retry_on`: exception types that are retried (any other is discarded: a dead letter
         now); `discard_on`: exception types discarded at once (checked first);
         `backoff(attempt, exc) -> timedelta`: the delay before the next attempt after a
-        failure (else the capped exponential backoff)."""
+        failure (else the capped exponential backoff).
+        `payload`: a dataclass, TypedDict or pydantic model; task.payload is one (see
+        `handler`, which also returns a typed handle for enqueueing)."""
         validate_type_name(name)
         if name in self._handlers:
             raise ValueError(f"task type {name!r} is already registered")
@@ -217,6 +226,7 @@ class Registry:
         _positive(keep_history, f"task type {name!r}: keep_history")
         if backoff_base and backoff_cap and backoff_cap < backoff_base:
             raise ValueError(f"task type {name!r}: backoff_cap is shorter than backoff_base")
+        model = None if payload is None else _payload_model(name, payload)
         self._handlers[name] = Handler(
             name,
             fn,
@@ -235,6 +245,7 @@ class Registry:
             _exceptions(name, "discard_on", discard_on) or (),
             _backoff(name, backoff),
             keep_history,
+            payload_model=model,
         )
         return fn
 
@@ -262,6 +273,7 @@ class Registry:
         for hook in self._runner_hooks:
             hook()
 
+    @overload
     def handler(
         self,
         name: str,
@@ -279,9 +291,55 @@ class Registry:
         discard_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
         backoff: Backoff | None = None,
         keep_history: timedelta | None = None,
-    ) -> Callable[[HandlerFn], HandlerFn]:
-        def decorate(fn: HandlerFn) -> HandlerFn:
-            return self.register(
+        payload: None = None,
+    ) -> Callable[[F], F]: ...
+
+    @overload
+    def handler(
+        self,
+        name: str,
+        *,
+        ceiling: timedelta,
+        max_attempts: int | None = None,
+        backoff_base: timedelta | None = None,
+        backoff_cap: timedelta | None = None,
+        max_running: int | None = None,
+        max_running_per_group: int | None = None,
+        keep_result: timedelta | None = None,
+        rate: Rate | None = None,
+        rate_per_group: Rate | None = None,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        discard_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        backoff: Backoff | None = None,
+        keep_history: timedelta | None = None,
+        payload: type[P],
+    ) -> Callable[[Callable[[Task[P], Context], Any]], TaskHandle[P]]: ...
+
+    def handler(
+        self,
+        name: str,
+        *,
+        ceiling: timedelta,
+        max_attempts: int | None = None,
+        backoff_base: timedelta | None = None,
+        backoff_cap: timedelta | None = None,
+        max_running: int | None = None,
+        max_running_per_group: int | None = None,
+        keep_result: timedelta | None = None,
+        rate: Rate | None = None,
+        rate_per_group: Rate | None = None,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        discard_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        backoff: Backoff | None = None,
+        keep_history: timedelta | None = None,
+        payload: type[Any] | None = None,
+    ) -> Callable[[Any], Any]:
+        """Register the decorated function (see `register`). Untyped, the function itself
+        is returned; with `payload=Model`, a TaskHandle: still callable as the function,
+        with `.enqueue(conn, Model(...), **options)` and friends (slotd.typed.handle)."""
+
+        def decorate(fn: Any) -> Any:
+            self.register(
                 name,
                 fn,
                 ceiling=ceiling,
@@ -297,7 +355,10 @@ class Registry:
                 discard_on=discard_on,
                 backoff=backoff,
                 keep_history=keep_history,
+                payload=payload,
             )
+            model = self._handlers[name].payload_model
+            return fn if model is None else TaskHandle(name, fn, model)
 
         return decorate
 
@@ -408,6 +469,13 @@ class Registry:
         """The types whose claims take the limit lock (claim_lock): limited or rated, sorted
         (shared: read it, do not change it)."""
         return self._current()[4]
+
+
+def _payload_model(name: str, model: object) -> PayloadModel[Any]:
+    try:
+        return PayloadModel(model)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise TypeError(f"task type {name!r}: {exc}") from None
 
 
 def load_registry(spec: str) -> Registry:

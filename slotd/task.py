@@ -8,7 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from slotd.errors import Cancelled, DeadlineExceeded, LeaseLost, StepMismatch, Suspended
 from slotd.payload import encode, encode_result
@@ -22,12 +22,16 @@ WaitWriter = Callable[[int, str, str | None, float | None], tuple[str, Any]]
 AsyncWaitWriter = Callable[[int, str, str | None, float | None], Awaitable[tuple[str, Any]]]
 _NOT_STORED = object()
 
+# A task's payload: its JSON object (a dict), or the model its handler declared with
+# payload= (slotd.typed.models), built from that object when a slot claims it.
+P = TypeVar("P")
+
 
 @dataclass(frozen=True)
-class Task:
+class Task(Generic[P]):
     id: int
     type: str
-    payload: dict[str, Any]
+    payload: P
     attempt: int
     key: str | None
     run_at: datetime

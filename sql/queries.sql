@@ -319,15 +319,21 @@ SET LOCAL transaction_isolation TO 'read committed'
 -- collapse, so a thousand rows cost one wake.
 -- trace: the producer's trace context (sql/009), one for the whole call (every row of it
 -- was enqueued under the same span), NULL when no span was active.
+-- run_ats: an absolute due time (enqueue's run_at=) where given, else now() + the delay;
+-- tags: each row's JSON array of tags (sql/040), NULL for none.
 WITH input AS (
-    SELECT i.ord, i.task_type, i.payload, i.key, i.delay_s, i.priority, i.task_group, i.lead_s,
+    SELECT i.ord, i.task_type, i.payload, i.key, i.priority, i.task_group, i.lead_s,
            coalesce(i.pending, false) AS pending, i.expires_s,
+           coalesce(i.run_at, now() + make_interval(secs => i.delay_s)) AS due_at,
+           CASE WHEN i.tags IS NOT NULL
+                THEN ARRAY(SELECT jsonb_array_elements_text(i.tags)) END AS tags,
            nextval(pg_get_serial_sequence('slotd_tasks', 'id')) AS new_id
     FROM unnest(%(types)s::text[], %(payloads)s::jsonb[], %(keys)s::text[],
                 %(delays)s::float8[], %(priorities)s::smallint[], %(groups)s::text[],
-                %(leads)s::float8[], %(pending)s::boolean[], %(expires)s::float8[])
+                %(leads)s::float8[], %(pending)s::boolean[], %(expires)s::float8[],
+                %(run_ats)s::timestamptz[], %(tags)s::jsonb[])
          WITH ORDINALITY AS i(task_type, payload, key, delay_s, priority, task_group, lead_s,
-                              pending, expires_s, ord)
+                              pending, expires_s, run_at, tags, ord)
 ), existing_live AS (
     -- unique="live": any live row with the key. One index look-up per keyed input row;
     -- unkeyed rows never touch the table here.
@@ -359,12 +365,12 @@ WITH input AS (
 ), ins AS (
     INSERT INTO slotd_tasks (id, task_type, payload, key, run_at, max_attempts,
                              max_attempts_explicit, priority, task_group, order_at,
-                             unique_pending, trace_context, expires_at)
+                             unique_pending, trace_context, expires_at, tags)
     SELECT i.new_id, i.task_type, i.payload, i.key,
-           now() + make_interval(secs => i.delay_s), %(max_attempts)s, %(explicit)s,
-           i.priority, i.task_group, now() + make_interval(secs => i.delay_s - i.lead_s),
+           i.due_at, %(max_attempts)s, %(explicit)s,
+           i.priority, i.task_group, i.due_at - make_interval(secs => i.lead_s),
            i.pending AND i.key IS NOT NULL, %(trace)s::jsonb,
-           now() + make_interval(secs => i.expires_s)
+           now() + make_interval(secs => i.expires_s), i.tags
     FROM input i
     WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = i.ord)
     ORDER BY i.ord
@@ -381,7 +387,7 @@ WITH input AS (
         FROM (SELECT 1 FROM ins WHERE ins.run_at < 'infinity' LIMIT 1) due
     ) sent
 )
-SELECT i.ord, coalesce(e.id, n.id) AS id, i.task_type, i.key
+SELECT i.ord, coalesce(e.id, n.id) AS id, i.task_type, i.key, n.id IS NOT NULL AS created
 FROM input i
 LEFT JOIN existing e ON e.ord = i.ord
 LEFT JOIN ins n ON n.id = i.new_id
@@ -1060,6 +1066,21 @@ WHERE {dead} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
   AND (%(key)s::text IS NULL OR ((t.key = %(key)s OR t.started_key = %(key)s)
                                  AND t.task_type = ANY(%(key_types)s::text[])))
 ORDER BY {retired_at} DESC NULLS LAST, t.id DESC
+LIMIT %(limit)s
+
+-- name: task_list
+-- slotd.tasks: the queue's rows (live and dead letters; a succeeded task is gone) matching
+-- every filter given, newest first. A tag is found through slotd_tasks_tags (sql/040), a
+-- type through the type-led indexes; a state alone reads the table (an operator's look).
+SELECT t.id, t.task_type, {task_key} AS key, {task_state} AS state, t.payload, t.tags,
+       t.priority, t.task_group, {attempts_made} AS attempts, t.max_attempts, {shown_run_at},
+       t.created_at, t.last_error, {dead_reason} AS dead_reason
+FROM slotd_tasks t
+WHERE (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
+  AND (%(key)s::text IS NULL OR t.key = %(key)s OR t.started_key = %(key)s)
+  AND (%(tag)s::text IS NULL OR (t.tags IS NOT NULL AND t.tags @> ARRAY[%(tag)s::text]))
+  AND (%(state)s::text IS NULL OR {task_state} = %(state)s)
+ORDER BY t.id DESC
 LIMIT %(limit)s
 
 -- name: dead_retry

@@ -217,3 +217,90 @@ WITH live AS (
 DELETE FROM slotd_schedules s
 WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.name = s.name)
 RETURNING s.name
+
+-- name: runtime_schedule_clock
+-- The database's clock for a put's first fire time: clock_timestamp(), not the caller's
+-- transaction start, so a put in a long transaction does not begin in the past.
+SELECT clock_timestamp()
+
+-- name: runtime_schedule_put
+-- slotd.put_schedule, in the caller's transaction: create or replace a runtime schedule.
+-- A changed expression or zone starts it afresh from %(next_at)s (as a new schedule: no
+-- catch-up of the old one's times); a payload or type change takes effect at its next fire.
+-- No row comes back when a schedule declared in code holds the name (sql/042).
+INSERT INTO slotd_runtime_schedules AS r (name, task_type, expression, timezone, payload,
+                                          next_fire_at)
+SELECT %(name)s, %(task_type)s, %(expression)s, %(timezone)s, %(payload)s::jsonb,
+       %(next_at)s
+WHERE NOT EXISTS (SELECT 1 FROM slotd_schedules s WHERE s.name = %(name)s)
+ON CONFLICT (name) DO UPDATE
+SET task_type = excluded.task_type, payload = excluded.payload, updated_at = now(),
+    expression = excluded.expression, timezone = excluded.timezone,
+    next_fire_at = CASE WHEN (r.expression, r.timezone)
+                             IS DISTINCT FROM (excluded.expression, excluded.timezone)
+                        THEN excluded.next_fire_at ELSE r.next_fire_at END
+RETURNING (xmax = 0) AS created
+
+-- name: runtime_schedule_delete
+DELETE FROM slotd_runtime_schedules WHERE name = %(name)s
+
+-- name: runtime_schedules_list
+SELECT r.name, r.task_type, r.expression, r.timezone, r.payload, r.next_fire_at,
+       r.last_fire_at, now() AS db_now
+FROM slotd_runtime_schedules r ORDER BY r.name
+
+-- name: runtime_schedules_due
+-- The runtime schedules whose next fire time has come, soonest first, locked until the
+-- firing transaction ends; a row another replica is firing is skipped, not waited for.
+SELECT r.name, r.task_type, r.expression, r.timezone, r.next_fire_at, now() AS db_now
+FROM slotd_runtime_schedules r
+WHERE r.next_fire_at <= now()
+ORDER BY r.next_fire_at
+LIMIT %(batch)s
+FOR UPDATE SKIP LOCKED
+
+-- name: runtime_schedules_fire
+-- In the transaction of runtime_schedules_due, whose locks it holds: each schedule's task
+-- for its latest due fire time (catch-up "latest": missed times fold into it), unless its
+-- previous task is still live (overlap "skip"), and the row advanced to its next fire time,
+-- compare-and-set on the time read. The task's key names the schedule and the instant, as a
+-- declared schedule's task does, with a "runtime:" mark: the two kinds never share a key.
+WITH due AS (
+    SELECT * FROM unnest(%(names)s::text[], %(expected)s::timestamptz[],
+                         %(fire_at)s::timestamptz[], %(next_at)s::timestamptz[])
+        AS d(name, expected, fire_at, next_at)
+), cur AS MATERIALIZED (
+    SELECT r.name, r.task_type, r.payload, r.last_task_id, d.fire_at, d.next_at,
+           nextval(pg_get_serial_sequence('slotd_tasks', 'id')) AS new_id,
+           NOT EXISTS (SELECT 1 FROM slotd_tasks t WHERE t.id = r.last_task_id AND {live})
+               AS free
+    FROM slotd_runtime_schedules r
+    JOIN due d ON d.name = r.name AND r.next_fire_at = d.expected
+), ins AS (
+    INSERT INTO slotd_tasks (id, task_type, payload, key, run_at, max_attempts, order_at)
+    SELECT c.new_id, c.task_type, c.payload,
+           'schedule:runtime:' || c.name || ':'
+               || to_char(c.fire_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+           c.fire_at, %(max_attempts)s, c.fire_at
+    FROM cur c WHERE c.free
+    ORDER BY c.name
+    ON CONFLICT (task_type, key) WHERE key IS NOT NULL AND attempt_count < max_attempts
+    DO NOTHING
+    RETURNING id
+), adv AS (
+    UPDATE slotd_runtime_schedules r
+    SET next_fire_at = c.next_at, last_fire_at = c.fire_at,
+        last_task_id = CASE WHEN i.id IS NOT NULL THEN i.id ELSE r.last_task_id END
+    FROM cur c LEFT JOIN ins i ON i.id = c.new_id
+    WHERE r.name = c.name
+    RETURNING r.name, i.id AS task_id
+), wake AS (
+    SELECT count(*) AS sent FROM (
+        SELECT pg_notify('slotd_wake', '') FROM (SELECT 1 FROM ins LIMIT 1) one
+    ) sent
+)
+SELECT a.name, a.task_id FROM adv a CROSS JOIN wake ORDER BY a.name
+
+-- name: runtime_schedules_next
+-- When the thread must look again: the soonest next fire time, and the database's clock.
+SELECT (SELECT min(r.next_fire_at) FROM slotd_runtime_schedules r) AS next_at, now() AS db_now

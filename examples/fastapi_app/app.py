@@ -14,8 +14,8 @@ from pydantic import BaseModel
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
-import slotd
 from examples.fastapi_app.models import Base, Signup, database_url
+from examples.fastapi_app.tasks import Welcome, send_welcome
 
 
 @asynccontextmanager
@@ -52,8 +52,9 @@ async def create_signup(body: SignupIn, db: DB) -> dict[str, Any]:
     except IntegrityError:
         await db.rollback()
         raise HTTPException(409, f"{body.email} has already signed up") from None
-    task_id = await slotd.enqueue_async(
-        db, "send_welcome", {"signup_id": signup.id}, key=f"welcome:{signup.id}"
+    # The typed handle: its name and payload model in one place, checked before writing.
+    task_id = await send_welcome.enqueue_async(
+        db, Welcome(signup_id=signup.id), key=f"welcome:{signup.id}"
     )
     await db.commit()  # the signup and its task, together
     return {"id": signup.id, "task_id": task_id}

@@ -18,8 +18,10 @@ from typing import Any
 import psycopg
 
 from slotd import repository
+from slotd.producer.targets import async_target
 from slotd.registry import validate_type_name
 from slotd.repository import CancelledTask, Executor
+from slotd.repository.control import cancel_tasks_async, pause_type_async, resume_type_async
 
 log = logging.getLogger("slotd.control")
 
@@ -42,10 +44,32 @@ def cancel(
     holding it (ctx.cancelled, then the kill after the kill grace) and settled `cancelled`.
     Either way it is never retried and stays listed by `slotd dead list` until retention.
     False when there was no live task with that id (finished, dead, already cancelled)."""
-    if isinstance(task_id, bool) or not isinstance(task_id, int):
-        raise TypeError(f"task_id must be an int, not {type(task_id).__name__}")
+    _task_id(task_id)
     who = by or operator()
     done = repository.cancel_tasks(conn, ids=[task_id], by=who, batch=1, schema=schema)
+    _cancelled(done, who)
+    return bool(done)
+
+
+async def cancel_async(
+    conn: Any, task_id: int, *, by: str | None = None, schema: str | None = None
+) -> bool:
+    """cancel from asyncio: a psycopg AsyncConnection or AsyncCursor, or a SQLAlchemy
+    AsyncSession or AsyncConnection; in its transaction."""
+    _task_id(task_id)
+    target = await async_target(conn, "slotd.cancel_async")
+    who = by or operator()
+    done = await cancel_tasks_async(target, ids=[task_id], by=who, batch=1, schema=schema)
+    _cancelled(done, who)
+    return bool(done)
+
+
+def _task_id(task_id: object) -> None:
+    if isinstance(task_id, bool) or not isinstance(task_id, int):
+        raise TypeError(f"task_id must be an int, not {type(task_id).__name__}")
+
+
+def _cancelled(done: list[CancelledTask], who: str) -> None:
     for task in done:
         log.info(
             "cancelled task %s#%s%s by %s",
@@ -55,7 +79,6 @@ def cancel(
             who,
             extra={"task_id": task.id, "task_type": task.task_type, "by": who},
         )
-    return bool(done)
 
 
 def cancel_matching(
@@ -123,6 +146,29 @@ def pause(
     at, for_seconds = _until(until)
     who = by or operator()
     repository.pause_type(conn, task_type, by=who, until=at, for_seconds=for_seconds, schema=schema)
+    _paused(task_type, until, who)
+
+
+async def pause_async(
+    conn: Any,
+    task_type: str,
+    until: datetime | timedelta | None = None,
+    *,
+    by: str | None = None,
+    schema: str | None = None,
+) -> None:
+    """pause from asyncio (see cancel_async)."""
+    validate_type_name(task_type)
+    at, for_seconds = _until(until)
+    target = await async_target(conn, "slotd.pause_async")
+    who = by or operator()
+    await pause_type_async(
+        target, task_type, by=who, until=at, for_seconds=for_seconds, schema=schema
+    )
+    _paused(task_type, until, who)
+
+
+def _paused(task_type: str, until: datetime | timedelta | None, who: str) -> None:
     log.info(
         "paused task type %s%s by %s",
         task_type,
@@ -139,6 +185,19 @@ def resume(
     validate_type_name(task_type)
     who = by or operator()
     was = repository.resume_type(conn, task_type, by=who, schema=schema)
+    if was:
+        log.info("resumed task type %s by %s", task_type, who, extra={"task_type": task_type})
+    return bool(was)
+
+
+async def resume_async(
+    conn: Any, task_type: str, *, by: str | None = None, schema: str | None = None
+) -> bool:
+    """resume from asyncio (see cancel_async)."""
+    validate_type_name(task_type)
+    target = await async_target(conn, "slotd.resume_async")
+    who = by or operator()
+    was = await resume_type_async(target, task_type, by=who, schema=schema)
     if was:
         log.info("resumed task type %s by %s", task_type, who, extra={"task_type": task_type})
     return bool(was)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -24,6 +24,7 @@ from slotd.repository.dependencies import (
     wait_on_async,
 )
 from slotd.repository.named import resolve_schema
+from slotd.typed.ids import EnqueuedId
 from slotd.upgrade import guard as upgrades
 
 # Eager mode (slotd.testing) swaps this for a function that also runs the handler inline;
@@ -118,7 +119,7 @@ def enqueue_many(
     schema: str | None = None,
     after: Sequence[int] | None = None,
     expires_in: timedelta | float | None = None,
-) -> list[int]:
+) -> list[EnqueuedId]:
     """Write tasks in the caller's transaction; slotd never commits it. The wake is sent by
     the same statement, so it reaches the workers only if the transaction commits.
 
@@ -149,7 +150,7 @@ def write_many(
     unique: str,
     schema: str,
     batch_id: int | None = None,
-) -> list[int]:
+) -> list[EnqueuedId]:
     """enqueue_many's writes, on a target and schema already resolved; `batch_id`: the rows
     join that batch (slotd.batch, whose block holds the transaction)."""
     with upgrades.migrated(), _sending(rows) as send:
@@ -194,15 +195,19 @@ def enqueue(
     schema: str | None = None,
     after: Sequence[int] | None = None,
     expires_in: timedelta | float | None = None,
-) -> int:
+    run_at: datetime | None = None,
+    tags: Sequence[str] | None = None,
+) -> EnqueuedId:
     """Write one task and return its id, or the id of the live row with the same key
     (unique="pending": of the row with the key that has not started; a running one lets
-    this one queue behind it). `priority` (-100..100, higher sooner) is a head start of
-    priority x SLOTD_PRIORITY_STEP; `group` is what max_running_per_group and
-    rate_per_group count; `expires_in`: see enqueue_many.
-    `after`: task ids that must all succeed first (see enqueue_many)."""
+    this one queue behind it); the id's `.created` is False in that case. `priority`
+    (-100..100, higher sooner) is a head start of priority x SLOTD_PRIORITY_STEP; `group`
+    is what max_running_per_group and rate_per_group count; `expires_in`: see
+    enqueue_many. `after`: task ids that must all succeed first (see enqueue_many).
+    `run_at`: due at this aware datetime (not with `delay`; naive is a ValueError);
+    `tags`: strings to find it by (slotd.tasks(tag=...))."""
     target = sync_target(conn, "slotd.enqueue")
-    new = NewTask(task_type, payload, delay, key, priority, group, unique, expires_in)
+    new = NewTask(task_type, payload, delay, key, priority, group, unique, expires_in, run_at, tags)
     return enqueue_many(target, [new], max_attempts=max_attempts, schema=schema, after=after)[0]
 
 
@@ -215,7 +220,7 @@ async def enqueue_many_async(
     schema: str | None = None,
     after: Sequence[int] | None = None,
     expires_in: timedelta | float | None = None,
-) -> list[int]:
+) -> list[EnqueuedId]:
     """enqueue_many from asyncio: a psycopg AsyncConnection or AsyncCursor, or a SQLAlchemy
     AsyncSession or AsyncConnection on the psycopg driver. Same statement, same rules."""
     target = await async_target(conn, "slotd.enqueue_many_async")
@@ -233,7 +238,7 @@ async def write_many_async(
     unique: str,
     schema: str,
     batch_id: int | None = None,
-) -> list[int]:
+) -> list[EnqueuedId]:
     """write_many from asyncio."""
     with upgrades.migrated(), _sending(rows) as send:
         trace = send.context if send else None
@@ -275,9 +280,11 @@ async def enqueue_async(
     schema: str | None = None,
     after: Sequence[int] | None = None,
     expires_in: timedelta | float | None = None,
-) -> int:
-    """enqueue from asyncio; see enqueue_many_async."""
+    run_at: datetime | None = None,
+    tags: Sequence[str] | None = None,
+) -> EnqueuedId:
+    """enqueue from asyncio; see enqueue and enqueue_many_async."""
     target = await async_target(conn, "slotd.enqueue_async")
-    new = NewTask(task_type, payload, delay, key, priority, group, unique, expires_in)
+    new = NewTask(task_type, payload, delay, key, priority, group, unique, expires_in, run_at, tags)
     many = enqueue_many_async(target, [new], max_attempts=max_attempts, schema=schema, after=after)
     return (await many)[0]

@@ -10,7 +10,7 @@ from typing import Any
 
 from slotd.repository.causes import PARENT_FAILED
 from slotd.repository.lanes import Lanes
-from slotd.repository.named import Executor, _dicts, _sql
+from slotd.repository.named import AsyncExecutor, Executor, _dicts, _sql
 from slotd.repository.queue import Limits, limit_params
 
 
@@ -179,6 +179,33 @@ def cancel_tasks(
     return cancelled
 
 
+async def cancel_tasks_async(
+    target: AsyncExecutor,
+    *,
+    by: str,
+    ids: Sequence[int] | None = None,
+    task_type: str | None = None,
+    key: str | None = None,
+    batch: int = 1000,
+    schema: str | None = None,
+) -> list[CancelledTask]:
+    """cancel_tasks on an asyncio connection: the same two statements."""
+    params = {
+        "ids": list(ids) if ids else None,
+        "task_type": task_type,
+        "key": key,
+        "by": by,
+        "batch": batch,
+    }
+    cur = await target.execute(_sql("cancel", schema), params)
+    cancelled = [CancelledTask(*row) for row in await cur.fetchall()]
+    if cancelled:
+        ids = [t.id for t in cancelled]
+        cause = f"cancelled: task %s, which it waits on, was cancelled by {by.replace('%', '%%')}"
+        await target.execute(_sql("cancel_dependants", schema), {"ids": ids, "cause": cause})
+    return cancelled
+
+
 def pause_type(
     target: Executor,
     task_type: str,
@@ -194,11 +221,34 @@ def pause_type(
     return dict(zip(names, cur.fetchone() or (), strict=True))
 
 
+async def pause_type_async(
+    target: AsyncExecutor,
+    task_type: str,
+    *,
+    by: str,
+    until: datetime | None = None,
+    for_seconds: float | None = None,
+    schema: str | None = None,
+) -> dict[str, Any]:
+    params = {"task_type": task_type, "until": until, "for_s": for_seconds, "by": by}
+    cur = await target.execute(_sql("pause", schema), params)
+    names = [col.name for col in cur.description or []]
+    return dict(zip(names, await cur.fetchone() or (), strict=True))
+
+
 def resume_type(
     target: Executor, task_type: str, *, by: str, schema: str | None = None
 ) -> bool | None:
     """True: it was paused; False: its pause had already ended; None: it was never paused."""
     row = target.execute(_sql("resume", schema), {"task_type": task_type, "by": by}).fetchone()
+    return None if row is None else bool(row[0])
+
+
+async def resume_type_async(
+    target: AsyncExecutor, task_type: str, *, by: str, schema: str | None = None
+) -> bool | None:
+    cur = await target.execute(_sql("resume", schema), {"task_type": task_type, "by": by})
+    row = await cur.fetchone()
     return None if row is None else bool(row[0])
 
 

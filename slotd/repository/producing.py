@@ -3,15 +3,17 @@ sent, on a sync or an asyncio connection or cursor (the caller's transaction).""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from slotd.payload import encode
 from slotd.registry import validate_type_name
 from slotd.repository.causes import PARENT_EXPIRED
 from slotd.repository.named import AsyncExecutor, Executor, _sql, resolve_schema
+from slotd.typed.ids import EnqueuedId
 
 
 def _json_object(payload: Mapping[str, Any] | None, task_type: str) -> str:
@@ -31,6 +33,10 @@ PRIORITY_SPAN = 100
 
 UNIQUE_MODES = ("live", "pending")
 
+# A tag: what slotd.tasks(tag=...) and the dashboard find a task by ("tenant:7").
+TAG_MAX = 128
+TAGS_MAX = 32
+
 
 @dataclass(frozen=True)
 class NewTask:
@@ -46,6 +52,47 @@ class NewTask:
     # Not started within this long of the enqueue: never starts, ends "expired". None: the
     # call's `expires_in=` (default: never).
     expires_in: timedelta | float | None = None
+    # Due at this instant (an aware datetime), instead of `delay` after the enqueue.
+    run_at: datetime | None = None
+    # Labels to find it by (slotd.tasks(tag=...)): short strings.
+    tags: Sequence[str] | None = None
+
+
+def _run_at(row: NewTask) -> datetime | None:
+    """An aware datetime, never with a delay: a naive one would be read in some server's
+    time zone, an hour or more off."""
+    value = row.run_at
+    if value is None:
+        return None
+    if not isinstance(value, datetime):
+        raise TypeError(f"task {row.task_type!r}: run_at must be a datetime, not {value!r}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(
+            f"task {row.task_type!r}: run_at must be an aware datetime (with a tzinfo, e.g."
+            " datetime.now(UTC)); a naive one has no single meaning"
+        )
+    if row.delay:
+        raise ValueError(f"task {row.task_type!r}: give run_at or delay, not both")
+    return value
+
+
+def _tags(row: NewTask) -> str | None:
+    """The tags as a JSON array (the statement's input), or None for none."""
+    tags = row.tags
+    if tags is None:
+        return None
+    if isinstance(tags, str) or not isinstance(tags, Sequence | set | frozenset):
+        raise TypeError(f"task {row.task_type!r}: tags must be a list of strings, not {tags!r}")
+    tags = sorted(set(tags)) if isinstance(tags, set | frozenset) else list(dict.fromkeys(tags))
+    if len(tags) > TAGS_MAX:
+        raise ValueError(f"task {row.task_type!r}: at most {TAGS_MAX} tags, got {len(tags)}")
+    for tag in tags:
+        if not isinstance(tag, str) or not tag or len(tag) > TAG_MAX or "\x00" in tag:
+            raise ValueError(
+                f"task {row.task_type!r}: tag {tag!r} must be a non-empty string of at most"
+                f" {TAG_MAX} characters"
+            )
+    return json.dumps(tags) if tags else None
 
 
 def _expires(value: object, row: NewTask, delay_s: float) -> float | None:
@@ -106,7 +153,7 @@ def enqueue_params(
         return None
     step = priority_step.total_seconds()
     types, payloads, keys, delays, priorities, groups, leads = [], [], [], [], [], [], []
-    pending, expires = [], []
+    pending, expires, run_ats, tags = [], [], [], []
     for row in rows:
         types.append(validate_type_name(row.task_type))
         payloads.append(_json_object(row.payload, row.task_type))
@@ -120,8 +167,11 @@ def enqueue_params(
         groups.append(row.group)
         leads.append(priorities[-1] * step)
         pending.append(_unique(unique if row.unique is None else row.unique, row))
+        run_ats.append(_run_at(row))
+        tags.append(_tags(row))
         own = row.expires_in if row.expires_in is not None else expires_in
-        expires.append(_expires(own, row, delays[-1]))
+        ahead = delays[-1] if run_ats[-1] is None else _until(run_ats[-1])
+        expires.append(_expires(own, row, ahead))
     return {
         "types": types,
         "payloads": payloads,
@@ -132,10 +182,18 @@ def enqueue_params(
         "leads": leads,
         "pending": pending,
         "expires": expires,
+        "run_ats": run_ats,
+        "tags": tags,
         "max_attempts": max_attempts,
         "explicit": explicit,
         "trace": trace,
     }
+
+
+def _until(when: datetime) -> float:
+    """Seconds from now to `when` on this host's clock: only for checking an expiry against
+    the start time (the database's clock decides when it is due)."""
+    return (when - datetime.now(when.tzinfo)).total_seconds()
 
 
 def enqueue_many(
@@ -149,7 +207,7 @@ def enqueue_many(
     trace: str | None = None,
     schema: str | None = None,
     expires_in: timedelta | float | None = None,
-) -> list[int]:
+) -> list[EnqueuedId]:
     """Insert tasks inside the caller's transaction and return their ids, in order; a key
     with a live row (unique="pending": a row not started yet) returns that row's id.
     `explicit=False`: the claiming worker stamps its own max_attempts over this one.
@@ -167,8 +225,8 @@ def enqueue_many(
     if params is None:
         return []
     result = target.execute(_sql("enqueue", schema), params).fetchall()
-    ids: list[int] = []
-    for index, (_ord, task_id, task_type, key) in enumerate(result):
+    ids: list[EnqueuedId] = []
+    for index, (_ord, task_id, task_type, key, created) in enumerate(result):
         for _ in range(_KEY_TRIES):
             if task_id is not None:
                 break
@@ -178,14 +236,14 @@ def enqueue_many(
             for look in _second_looks(params, index):
                 row = target.execute(_sql(look, schema), by_key).fetchone()
                 if row:
-                    task_id = row[0]
+                    task_id, created = row[0], False
                     break
             else:
                 # Nothing live holds the key: an expired task no sweep has ended may (it
                 # stays in the dedupe index until its end). End it, then insert ours.
                 target.execute(_sql("expire_key", schema), _expire_key(by_key))
-                task_id = _enqueue_one(target, params, index, schema)
-        ids.append(_found(task_id, task_type, key))
+                task_id, created = _enqueue_one(target, params, index, schema)
+        ids.append(_found(task_id, task_type, key, created))
     return ids
 
 
@@ -197,8 +255,9 @@ def _second_looks(params: dict[str, Any], index: int) -> tuple[str, ...]:
 
 def _enqueue_one(
     target: Executor, params: dict[str, Any], index: int, schema: str | None = None
-) -> int | None:
-    return target.execute(_sql("enqueue", schema), _one(params, index)).fetchall()[0][1]
+) -> tuple[int | None, bool]:
+    row = target.execute(_sql("enqueue", schema), _one(params, index)).fetchall()[0]
+    return row[1], row[4]
 
 
 async def enqueue_many_async(
@@ -212,7 +271,7 @@ async def enqueue_many_async(
     trace: str | None = None,
     schema: str | None = None,
     expires_in: timedelta | float | None = None,
-) -> list[int]:
+) -> list[EnqueuedId]:
     """enqueue_many on a psycopg AsyncConnection or AsyncCursor: the same statement."""
     schema = resolve_schema(schema)
     params = enqueue_params(
@@ -227,8 +286,8 @@ async def enqueue_many_async(
     if params is None:
         return []
     result = await (await target.execute(_sql("enqueue", schema), params)).fetchall()
-    ids: list[int] = []
-    for index, (_ord, task_id, task_type, key) in enumerate(result):
+    ids: list[EnqueuedId] = []
+    for index, (_ord, task_id, task_type, key, created) in enumerate(result):
         for _ in range(_KEY_TRIES):
             if task_id is not None:
                 break
@@ -237,13 +296,14 @@ async def enqueue_many_async(
                 found = await target.execute(_sql(look, schema), by_key)
                 row = await found.fetchone()
                 if row:
-                    task_id = row[0]
+                    task_id, created = row[0], False
                     break
             else:
                 await target.execute(_sql("expire_key", schema), _expire_key(by_key))
                 again = await target.execute(_sql("enqueue", schema), _one(params, index))
-                task_id = (await again.fetchall())[0][1]
-        ids.append(_found(task_id, task_type, key))
+                first = (await again.fetchall())[0]
+                task_id, created = first[1], first[4]
+        ids.append(_found(task_id, task_type, key, created))
     return ids
 
 
@@ -262,7 +322,7 @@ def _one(params: dict[str, Any], index: int) -> dict[str, Any]:
     return {k: v[index : index + 1] if isinstance(v, list) else v for k, v in params.items()}
 
 
-def _found(task_id: int | None, task_type: str, key: str | None) -> int:
+def _found(task_id: int | None, task_type: str, key: str | None, created: bool) -> EnqueuedId:
     if task_id is None:
         raise RuntimeError(f"task {task_type!r} key {key!r}: no live row and no insert")
-    return task_id
+    return EnqueuedId(task_id, bool(created))

@@ -13,6 +13,7 @@ import os
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
@@ -58,8 +59,13 @@ def _call(handler: Handler, ctx: Context) -> Any:
 def execute(handler: Handler, ctx: Context, before: Callable[[], None] | None = None) -> Result:
     """Call the handler and classify what it did. Never raises for the handler's sake.
 
-    Done: None, True or any other value. Continue: False (after advance_cursor)."""
+    Done: None, True or any other value. Continue: False (after advance_cursor).
+    A typed handler's payload is built into its model first; one the model refuses is
+    never handed to the handler (see `_typed`)."""
     started = time.monotonic()
+    refused = _typed(handler, ctx)
+    if refused is not None:
+        return refused
     try:
         if before is not None:
             before()  # fault injection for chaos runs
@@ -102,6 +108,22 @@ def execute(handler: Handler, ctx: Context, before: Callable[[], None] | None = 
     late = past(ctx.deadline)
     # extra: the fields a middleware gave the attempt's log lines (trace_id, span_id).
     return Result(kind, error, ctx.advanced, late, took, ctx.log_fields, exception=caught)
+
+
+def _typed(handler: Handler, ctx: Context) -> Result | None:
+    """Give a typed handler (payload=Model) its model as task.payload. A payload the model
+    refuses fails the same way on every attempt, so it is not retried: the Result asks the
+    settlement to discard it (a dead letter now, reason "discarded", the field named)."""
+    model = handler.payload_model
+    if model is None:
+        return None
+    try:
+        ctx.task = replace(ctx.task, payload=model.load(ctx.task.payload, "invalid payload"))
+    except (TypeError, ValueError) as exc:
+        return Result(
+            kinds.ERROR, f"{exc}; discarded, not retried", extra={lifecycle.DISCARD: True}
+        )
+    return None
 
 
 def _kept(handler: Handler, ctx: Context, returned: Any, started: float) -> Result:

@@ -84,6 +84,7 @@ class Supervisor:
         # As pid 1 (a container's command) every orphan in the namespace is ours to reap.
         self.reaps_orphans = os.getpid() == 1
         self.schedules: Any = None  # slotd.scheduler.ScheduleThread, when any are declared
+        self.runtime_schedules: Any = None  # slotd.supervisor.runtime_schedules, always
         # The rooms the loop delegates to, each given only the maps and callables it needs.
         self.counts = OutcomeCounts(metrics=lambda: self.metrics)
         self.orphans = Orphans(
@@ -338,7 +339,12 @@ class Supervisor:
     # metrics and the end
 
     def _start_schedules(self) -> None:
-        """No schedules: no thread, no connection, no statement (nor the module's import)."""
+        """No schedules declared in code: no thread for them, no connection, no statement
+        (nor the module's import). Runtime schedules (slotd.put_schedule) have a thread of
+        their own on every replica: any replica may fire them."""
+        from slotd.supervisor import runtime_schedules
+
+        self.runtime_schedules = runtime_schedules.start(self.settings, self.write_url)
         if self.registry.schedules:
             from slotd.supervisor.scheduler import start
 
@@ -367,6 +373,8 @@ class Supervisor:
     def _finish(self) -> None:
         if self.schedules is not None:
             self.schedules.stop()
+        if self.runtime_schedules is not None:
+            self.runtime_schedules.stop()
         self.listener.close()
         if self.chores is not None:
             self.heartbeat.goodbye(self.chores)
