@@ -14,7 +14,7 @@ from slotd.testing import ThrowawayPostgres  # noqa: E402
 from tests.docs_examples import EXAMPLE_LANGUAGES, ROOT, fenced_blocks, pages  # noqa: E402
 
 # Blocks that are not examples: a command's output, a log line, a diagram, a shipped file.
-NOT_EXAMPLES = ("text", "yaml")
+NOT_EXAMPLES = ("text", "yaml", "mermaid")
 
 
 def page_id(path: Path) -> str:
@@ -28,7 +28,8 @@ def test_every_code_block_is_run_or_says_why_not() -> None:
             if block.language not in EXAMPLE_LANGUAGES + NOT_EXAMPLES:
                 unmarked.append(
                     f"{page_id(path)}:{block.line}: ```{block.language}: name python, sh or"
-                    " sql (run by the suite), text (output) or yaml (a shipped file)"
+                    " sql (run by the suite), text (output), yaml (a shipped file) or mermaid"
+                    " (a diagram)"
                 )
     assert not unmarked, "\n".join(unmarked)
 
