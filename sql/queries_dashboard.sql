@@ -204,3 +204,52 @@ FROM slotd_tasks t
 WHERE t.batch_id = %(id)s
 ORDER BY t.id
 LIMIT %(limit)s
+
+-- name: dash_task_kept
+-- A task whose row is gone but whose success is kept (keep_result, keep_history, sql/018):
+-- its type, when it succeeded, until when it is kept, whether its value is (a type that
+-- keeps its history only stores none), and when its first remembered attempt started.
+SELECT r.task_id AS id, r.task_type, r.succeeded_at, r.expires_at,
+       r.value IS NOT NULL AS value_kept, now() AS db_now,
+       (SELECT a.started_at FROM slotd_attempts a WHERE a.task_id = r.task_id
+        ORDER BY a.id LIMIT 1) AS first_started_at
+FROM slotd_results r
+WHERE r.task_id = %(id)s AND r.expires_at > now()
+
+-- name: dash_attempts
+-- One page of a task's remembered attempts (sql/030), newest first, by keyset on the
+-- attempts' own index (task_id, id): a task retried or snoozed 10,000 times is read
+-- %(limit)s at a time, never whole. Each error is cut to %(error_chars)s characters (a
+-- traceback is rarely longer; the page says when it was cut), its last line apart for
+-- the folded view, taken from the error's end only.
+SELECT a.id, a.number, a.outcome, left(a.error, %(error_chars)s) AS error,
+       length(a.error) AS error_length,
+       (regexp_match(rtrim(right(a.error, 2000), E' \n\t'), '[^\n]*$'))[1] AS error_line,
+       a.started_at, a.ended_at, a.host, a.pid, a.slot
+FROM slotd_attempts a
+WHERE a.task_id = %(id)s AND (%(before)s::bigint IS NULL OR a.id < %(before)s::bigint)
+ORDER BY a.id DESC
+LIMIT %(limit)s
+
+-- name: dash_attempt_count
+-- How many attempts a task has remembered, up to the cap (an index-only count).
+SELECT count(*) FROM (
+    SELECT 1 FROM slotd_attempts a WHERE a.task_id = %(id)s LIMIT %(cap)s
+) c
+
+-- name: dash_steps
+-- One page of a task's durable steps (sql/070: a JSON array on its row, in the order they
+-- ran), from step %(from)s (0-based) on: the slice is cut in one jsonpath call, so the row's
+-- array is read once whatever its length, and only the page's steps are unpacked. Each
+-- step's name, when it was stored, and its value's size (bytes of its JSON text): never the
+-- value itself, which may be large and is the handler's data.
+SELECT %(from)s::int + s.n::int AS number, s.step ->> 'name' AS name,
+       (s.step ->> 'at')::timestamptz AS at, octet_length((s.step -> 'value')::text) AS size
+FROM slotd_tasks t
+CROSS JOIN LATERAL jsonb_array_elements(
+    jsonb_path_query_array(coalesce(t.steps, '[]'::jsonb), '$[$from to $to]',
+                           jsonb_build_object('from', %(from)s::int,
+                                              'to', %(from)s::int + %(limit)s::int - 1))
+) WITH ORDINALITY AS s(step, n)
+WHERE t.id = %(id)s
+ORDER BY s.n

@@ -327,7 +327,7 @@ def test_cancel_a_running_task_from_running_now_and_it_ends_cancelled(
     # The replica hears of it, stops the handler and settles the lease: a dead letter.
     wait_for(lambda: is_dead(conn, task_id), what="the cancelled task to be settled")
     page.goto(world["base"] + f"/tasks/{task_id}")
-    assert page.locator("h1 .state").inner_text() == "dead"
+    assert page.locator("h1 .state").inner_text() == "cancelled"  # slotd's one vocabulary
     assert page.locator("#error").inner_text().startswith("cancelled by token@dashboard at ")
     assert page.locator("#cancel-task").count() == 0  # nothing left to cancel
     wait_for(
@@ -574,6 +574,93 @@ def test_a_batch_is_drawn_and_each_box_links_to_its_task(world: dict[str, Any], 
         )
     finally:
         release.touch()
+
+
+def state_of(conn: Any, task_id: int) -> str | None:
+    got = slotd.result(conn, task_id)
+    return None if got is None else got.state
+
+
+def test_a_tasks_page_shows_every_attempt_with_its_error_folded(
+    world: dict[str, Any], page: Any
+) -> None:
+    """A task that failed, then succeeded on its retry, through the real `slotd run`: its
+    row is gone, its history kept (keep_history), and its page lists both attempts, the
+    failure's traceback folded to its last line until clicked."""
+    conn = world["conn"]
+    task_id = slotd.enqueue(conn, "dash.twice", {"order": 31})
+    got = slotd.wait_result(conn, task_id, timeout=30)
+    assert got is not None and got.state == "succeeded"
+    page.goto(world["base"] + f"/tasks/{task_id}")
+    assert page.locator("h1 .state").inner_text() == "succeeded"
+    rows = page.locator("#attempts tbody tr")
+    assert rows.count() == 2
+    second, first = rows.all()
+    assert (second.get_attribute("data-outcome"), first.get_attribute("data-outcome")) == (
+        "success",
+        "failure",
+    )
+    summary = first.locator("summary")
+    assert summary.inner_text() == "ConnectionError: card gateway timed out for order 31"
+    traceback = first.locator("details pre")
+    assert not traceback.is_visible()  # folded
+    summary.click()
+    assert traceback.is_visible()
+    assert traceback.inner_text().startswith("Traceback (most recent call last):")
+    assert "tests/apps/dashboard.py" in traceback.inner_text()
+    worker = rf"{re.escape(socket.gethostname())}:{world['pid']}:\d+"
+    for row in (first, second):
+        assert re.fullmatch(worker, row.locator("td.worker").inner_text()), worker
+        assert re.fullmatch(r"\d+s", row.locator("td.n").nth(1).inner_text())
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", page.locator("#started").inner_text()
+    )
+    assert page.locator("#ended").inner_text().endswith("(succeeded)")
+    shot(page, "task-attempts")
+    page.set_viewport_size({"width": 400, "height": 800})
+    try:
+        assert page.evaluate("document.documentElement.scrollWidth") <= 400
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 760})
+
+
+def test_a_waiting_tasks_page_shows_its_steps_and_what_it_waits_for(
+    world: dict[str, Any], page: Any
+) -> None:
+    """Through the real `slotd run`: a task that stored two steps and waits for its event,
+    and one that sleeps durably for a day; their pages show the steps, the event's name,
+    the wake time; the emit ends the wait and the page follows without a reload."""
+    conn = world["conn"]
+    waiter = slotd.enqueue(conn, "dash.approve", {"order": 32, "amount": 5})
+    sleeper = slotd.enqueue(conn, "dash.nap", {})
+    wait_for(
+        lambda: state_of(conn, waiter) == state_of(conn, sleeper) == "waiting",
+        what="both tasks waiting",
+    )
+    page.goto(world["base"] + f"/tasks/{waiter}")
+    assert page.locator("h1 .state").inner_text() == "waiting"
+    assert page.locator("#wait-event").inner_text() == "approved:32"
+    assert re.match(
+        r"\d{4}-.* UTC \(in (59m \d\ds|1h 00m); the wait", page.locator("#wake").inner_text()
+    )
+    steps = page.locator("#steps tbody tr")
+    assert [r.get_attribute("data-name") for r in steps.all()] == [
+        "charge",
+        "reserve",
+        "slotd.event:approved:32",  # the wait: stored as a step once served
+    ]
+    assert re.fullmatch(r"3\d\d B", steps.nth(0).locator("td.n").nth(1).inner_text())
+    shot(page, "task-waiting")
+    page.goto(world["base"] + f"/tasks/{sleeper}")
+    assert re.match(r"until .* UTC \(in (23h 59m|1d 0h)\)", page.locator("#wake").inner_text())
+    assert page.locator('#steps tr[data-name="remind"]').count() == 1
+    page.goto(world["base"] + f"/tasks/{waiter}")
+    finished_in_place(page)
+    slotd.emit(conn, "approved:32")
+    page.wait_for_function(
+        "() => document.getElementById('main').textContent.includes('no task')", timeout=20_000
+    )
+    assert not_reloaded(page)
 
 
 def test_the_narrow_layout_never_spills_sideways(world: dict[str, Any], page: Any) -> None:

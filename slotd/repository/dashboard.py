@@ -60,6 +60,29 @@ class DashboardReads:
         rows = _dicts(self.conn.execute(_sql("dash_task", self.schema), {"id": task_id}))
         return rows[0] if rows else None
 
+    def kept(self, task_id: int) -> dict[str, Any] | None:
+        """A finished task's kept success (type, when, until when, whether its value is)."""
+        rows = _dicts(self.conn.execute(_sql("dash_task_kept", self.schema), {"id": task_id}))
+        return rows[0] if rows else None
+
+    def attempts(
+        self, task_id: int, before: int | None, limit: int, error_chars: int
+    ) -> list[dict[str, Any]]:
+        """One page of a task's remembered attempts, newest first, before attempt row
+        `before` (the previous page's last id)."""
+        params = {"id": task_id, "before": before, "limit": limit, "error_chars": error_chars}
+        return _dicts(self.conn.execute(_sql("dash_attempts", self.schema), params))
+
+    def attempt_count(self, task_id: int) -> int:
+        params = {"id": task_id, "cap": self.COUNT_CAP}
+        row = self.conn.execute(_sql("dash_attempt_count", self.schema), params).fetchone()
+        return int(row[0]) if row else 0
+
+    def steps(self, task_id: int, start: int, limit: int) -> list[dict[str, Any]]:
+        """Steps `start`.. (0-based) of a task: number (1-based), name, at, size."""
+        params = {"id": task_id, "from": start, "limit": limit}
+        return _dicts(self.conn.execute(_sql("dash_steps", self.schema), params))
+
     def workflow(self, task_id: int) -> dict[str, Any]:
         """A task's place in workflows: its result (slotd.result's state, value, error),
         its parents and dependants (each with whether the parent succeeded), its batch."""

@@ -214,7 +214,9 @@ def create_app(
 
     async def task(request: Request, who: str) -> Response:
         task_id = request.path_params["task_id"]
-        row = await app.load(request, lambda r: pages.task(r, task_id))
+        before = _count_param(request, "attempts_before", 1)
+        steps_from = _count_param(request, "steps_from", 0) or 0
+        row = await app.load(request, lambda r: pages.task(r, task_id, before, steps_from))
         if row is None:
             return app.render(
                 request,
@@ -313,6 +315,17 @@ def create_app(
 
 def _type_param(value: str | None) -> str | None:
     return validate_type_name(value) if value else None
+
+
+def _count_param(request: Request, name: str, least: int) -> int | None:
+    """A whole number from the query string (a page's place), None when absent; anything
+    else is a 400 page."""
+    text = request.query_params.get(name)
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < least or len(text) > 18:
+        raise ValueError(f"bad {name} {text!r}: follow the page's own links")
+    return int(text)
 
 
 def _search(request: Request) -> tuple[listings.Search, listings.Cursor | None]:

@@ -49,4 +49,21 @@ def relative(seconds: float) -> str:
     return f"in {duration(seconds)}" if seconds > 0 else f"{duration(-seconds)} ago"
 
 
-FILTERS = {"ago": ago, "duration": duration, "stamp": stamp, "relative": relative}
+def size(count: int | None) -> str:
+    """A number of bytes: 312 B, 4.1 kB, 2.3 MB."""
+    if count is None:
+        return "–"
+    for unit in ("B", "kB", "MB"):
+        if count < 1000 or unit == "MB":
+            return f"{count} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count = count / 1000  # type: ignore[assignment]
+    return f"{count} B"  # unreachable: MB returns above
+
+
+FILTERS = {
+    "ago": ago,
+    "duration": duration,
+    "stamp": stamp,
+    "relative": relative,
+    "size": size,
+}

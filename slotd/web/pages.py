@@ -188,17 +188,27 @@ def running(reads: DashboardReads, lease_margin: timedelta) -> list[dict[str, An
 # How many parents and dependants a task's page draws, each side.
 NEIGHBOURS = 30
 BATCH_MEMBERS = 24
+# A task's attempts and steps, a page at a time (a task retried, snoozed or stepping 10,000
+# times must not make its page 10,000 rows), and each attempt's error cut at this length.
+ATTEMPTS = 20
+STEPS = 50
+ERROR_CHARS = 20_000
 
 
-def task(reads: DashboardReads, task_id: int) -> dict[str, Any] | None:
-    """A task's page: its row while it has one, else what it left (a stored result); with
-    its result, parents, dependants (each with its state) and batch either way."""
+def task(
+    reads: DashboardReads, task_id: int, attempts_before: int | None = None, steps_from: int = 0
+) -> dict[str, Any] | None:
+    """A task's page: its life while it has a row (state, times, what it waits for), else
+    what its kept success left (keep_result, keep_history); its attempts and steps a page
+    at a time; its result, parents, dependants (each with its state) and batch either way."""
     row = reads.task(task_id)
     result = reads.result(task_id)
     if row is None:
-        if result is None:
+        kept = reads.kept(task_id)
+        if result is None or kept is None:
             return None
-        row = {"id": task_id, "finished": True, "state": result[0], "dead": False}
+        row = {**kept, "finished": True, "state": result[0], "dead": False, "step_count": 0}
+        row["ended_at"], row["started_at"] = kept["succeeded_at"], kept["first_started_at"]
     else:
         row["finished"] = False
         _live_task(row)
@@ -208,6 +218,12 @@ def task(reads: DashboardReads, task_id: int) -> dict[str, Any] | None:
     row["graph_state"] = state
     row["result_text"] = None if value is None else json.dumps(value, indent=2, sort_keys=True)
     row["result_error"] = error
+    row["waits_for"] = _waits_for(row)
+    _attempts(reads, row, attempts_before)
+    row["steps"] = reads.steps(task_id, steps_from, STEPS) if row["step_count"] else []
+    row["steps_from"] = steps_from
+    row["steps_next"] = steps_from + STEPS if steps_from + STEPS < row["step_count"] else None
+    row["steps_shown"] = STEPS
     neighbours = reads.neighbours(task_id, NEIGHBOURS)
     for n in neighbours:
         n["means"] = _parent_means(n["state"]) if n["side"] == "parent" else n["state"]
@@ -218,6 +234,56 @@ def task(reads: DashboardReads, task_id: int) -> dict[str, Any] | None:
     batch_id = row.get("batch_id")
     row["batch"] = reads.batch(batch_id) if batch_id is not None else None
     return row
+
+
+def _attempts(reads: DashboardReads, row: dict[str, Any], before: int | None) -> None:
+    """The page's attempts, newest first: the one running now (from the row and its
+    replica's heartbeat) on the first page, then those remembered (sql/030)."""
+    rows = reads.attempts(row["id"], before, ATTEMPTS, ERROR_CHARS)
+    for a in rows:
+        a["worker"] = _worker(a["host"], a["pid"], a["slot"])
+        a["duration_s"] = _span(a["started_at"], a["ended_at"])
+        a["error_cut"] = (a["error_length"] or 0) > ERROR_CHARS
+    if before is None and row.get("state") == "running":
+        rows.insert(0, {
+            "id": None, "number": row["attempt_count"], "outcome": "running",
+            "error": None, "error_line": None, "error_cut": False,
+            "started_at": row["last_attempted_at"], "ended_at": None,
+            "worker": _worker(row["hostname"], row["pid"], row["slot"]),
+            "duration_s": row.get("age_s"),
+        })  # fmt: skip
+    row["attempts"] = rows
+    remembered = [a for a in rows if a["id"] is not None]
+    row["attempts_total"] = reads.attempt_count(row["id"])
+    row["attempts_capped"] = row["attempts_total"] >= reads.COUNT_CAP
+    row["attempts_before"] = before
+    row["attempts_next"] = remembered[-1]["id"] if len(remembered) == ATTEMPTS else None
+    row["attempts_shown"] = ATTEMPTS
+
+
+def _worker(host: str | None, pid: int | None, slot: int | None) -> str | None:
+    """host:pid:slot, as `slotd result` and slotd.Attempt name a worker."""
+    if host is None:
+        return None
+    return f"{host}:{pid}:{slot}" if slot is not None else f"{host}:{pid}"
+
+
+def _span(start: datetime | None, end: datetime | None) -> float | None:
+    return (end - start).total_seconds() if start is not None and end is not None else None
+
+
+def _waits_for(row: dict[str, Any]) -> dict[str, Any] | None:
+    """What a waiting task waits for (sql/072): an event (until its timeout, if any), the
+    end of a durable sleep, or its parents."""
+    if row["finished"] or row["state"] != "waiting":
+        return None
+    now, until = row["db_now"], row.get("wait_until")
+    wake = {"at": until, "in": relative((until - now).total_seconds())} if until else None
+    if row.get("wait_event"):
+        return {"kind": "event", "event": row["wait_event"], "step": row["wait_step"], "wake": wake}
+    if row.get("wait_step"):
+        return {"kind": "sleep", "event": None, "step": row["wait_step"], "wake": wake}
+    return {"kind": "parents", "event": None, "step": None, "wake": None}
 
 
 def _parent_means(state: str) -> str:
@@ -246,17 +312,15 @@ def _live_task(row: dict[str, Any]) -> None:
     now = row["db_now"]
     started = row["last_attempted_at"]
     row["age_s"] = (now - started).total_seconds() if started else None
-    row["state"] = (
-        "dead"
-        if row["dead"]
-        else "running"
-        if row["running"]
-        else "due"
-        if row["due"]
-        else "waiting"
-    )
+    # slotd's one vocabulary of states (slotd/repository/states.py, fragment task_state).
+    row["state"] = row["task_state"]
+    # Its first remembered attempt, else the last one (a wait gives its attempt back, so a
+    # task that ran and now waits counts none, yet it started).
+    row["started_at"] = row["first_started_at"] or row["last_attempted_at"]
     if row["dead"]:
         row["due_in"] = None  # it never runs again unless retried
+    elif row["run_at"] is None and row["wait_event"]:  # an event wait without a timeout
+        row["due_in"] = "when its event is emitted"
     elif row["run_at"] is None:  # a dependant waiting on its parents (sql/019)
         row["due_in"] = "after its parents"
     else:

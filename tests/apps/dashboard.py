@@ -1,5 +1,7 @@
 """Handlers for the dashboard's browser tests: one that fails until its fix is "deployed"
-(a file appears), one that runs until released, one whose error repeats its payload."""
+(a file appears), one that runs until released, one whose error repeats its payload, one
+that fails once then succeeds (its history kept), one that takes steps then waits for an
+event, one that takes a step then sleeps durably."""
 
 from __future__ import annotations
 
@@ -33,6 +35,35 @@ def echo(task: slotd.Task, ctx: slotd.Context) -> None:
 @registry.handler("dash.digest", ceiling=timedelta(seconds=30))
 def digest(task: slotd.Task, ctx: slotd.Context) -> None:
     pass
+
+
+@registry.handler(
+    "dash.twice",
+    ceiling=timedelta(seconds=30),
+    max_attempts=3,
+    backoff_base=timedelta(milliseconds=10),
+    backoff_cap=timedelta(milliseconds=20),
+    keep_history=timedelta(hours=1),
+)
+def twice(task: slotd.Task, ctx: slotd.Context) -> None:
+    """Fails its first attempt, succeeds its second: its page keeps both attempts."""
+    if task.attempt == 1:
+        raise ConnectionError(f"card gateway timed out for order {task.payload['order']}")
+
+
+@registry.handler("dash.approve", ceiling=timedelta(seconds=30))
+def approve(task: slotd.Task, ctx: slotd.Context) -> None:
+    """Charges, reserves, then waits (an hour at most) for its approval event."""
+    ctx.step("charge", lambda: {"charged": task.payload["amount"], "note": "x" * 300})
+    ctx.step("reserve", lambda: ["shelf", 7])
+    ctx.wait_event(f"approved:{task.payload['order']}", timeout=timedelta(hours=1))
+
+
+@registry.handler("dash.nap", ceiling=timedelta(seconds=30))
+def nap(task: slotd.Task, ctx: slotd.Context) -> None:
+    """Takes a step, then sleeps durably for a day."""
+    ctx.step("remind", lambda: True)
+    ctx.sleep(timedelta(days=1))
 
 
 # Its first fire is a week after the fleet first sees it: on the page, never in the way.

@@ -66,7 +66,16 @@
       }
       held[part.id] = 0;
       received[part.id] = body;
+      // A traceback the reader unfolded stays unfolded through the update.
+      var open = [];
+      part.querySelectorAll("details[open][id]").forEach(function (d) {
+        open.push(d.id);
+      });
       part.innerHTML = body;
+      open.forEach(function (id) {
+        var d = document.getElementById(id);
+        if (d) d.open = true;
+      });
     });
     if (missing) {
       // The page changed its shape (a task that finished): take its whole <main>.
