@@ -59,6 +59,8 @@ __all__ = [
     "result",
     "result_async",
     "resume",
+    "resume_sequence",
+    "resume_sequence_async",
     "resume_async",
     "retry",
     "retry_async",
@@ -90,3 +92,4 @@ from slotd.producer.results import (  # noqa: E402
     wait_result_async,
 )
 from slotd.producer.schedules import delete_schedule, put_schedule  # noqa: E402
+from slotd.producer.sequences import resume_sequence, resume_sequence_async  # noqa: E402

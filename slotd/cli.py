@@ -126,6 +126,7 @@ def _register_commands() -> None:
         "results",
         "events",
         "tasks",
+        "sequences",
     ):
         try:
             module = importlib.import_module(f"slotd.commands.{name}")

@@ -81,6 +81,9 @@ class Handler:
     # payload=Model: task.payload is this model, built and validated at the claim
     # (slotd.typed.models); a payload it refuses is discarded, never retried. None: the dict.
     payload_model: PayloadModel[Any] | None = field(default=None, compare=False)
+    # A task of a sequence (enqueue(sequence=)) that ends failed: "halt" its sequence until
+    # an operator resumes it (`slotd sequences resume`), or "continue" with the next task.
+    sequence_on_failure: str = "halt"
 
     def limits(self) -> tuple[int | None, float | None, float | None]:
         """As plain numbers, for the runner's hello to its slot."""
@@ -161,6 +164,9 @@ _Derived = tuple[
 ]
 
 
+SEQUENCE_ON_FAILURE = ("halt", "continue")
+
+
 class Registry:
     """What this replica can run. A ceiling is required: it is the handler's deadline and,
     plus the margin, the lease and so the crash-recovery wait for the type."""
@@ -196,6 +202,7 @@ class Registry:
         backoff: Backoff | None = None,
         keep_history: timedelta | None = None,
         payload: type[Any] | None = None,
+        sequence_on_failure: str = "halt",
     ) -> HandlerFn:
         """`max_attempts`, `backoff_base`, `backoff_cap` override the worker's settings for
         this type; the worker that claims a task stamps its threshold on the row.
@@ -210,7 +217,9 @@ class Registry:
         `backoff(attempt, exc) -> timedelta`: the delay before the next attempt after a
         failure (else the capped exponential backoff).
         `payload`: a dataclass, TypedDict or pydantic model; task.payload is one (see
-        `handler`, which also returns a typed handle for enqueueing)."""
+        `handler`, which also returns a typed handle for enqueueing).
+        `sequence_on_failure`: a task of a sequence that ends failed "halt"s its sequence
+        until an operator resumes it (default), or lets it "continue" with the next."""
         validate_type_name(name)
         if name in self._handlers:
             raise ValueError(f"task type {name!r} is already registered")
@@ -227,6 +236,11 @@ class Registry:
         if backoff_base and backoff_cap and backoff_cap < backoff_base:
             raise ValueError(f"task type {name!r}: backoff_cap is shorter than backoff_base")
         model = None if payload is None else _payload_model(name, payload)
+        if sequence_on_failure not in SEQUENCE_ON_FAILURE:
+            raise ValueError(
+                f"task type {name!r}: sequence_on_failure must be 'halt' or 'continue', got"
+                f" {sequence_on_failure!r}"
+            )
         self._handlers[name] = Handler(
             name,
             fn,
@@ -246,6 +260,7 @@ class Registry:
             _backoff(name, backoff),
             keep_history,
             payload_model=model,
+            sequence_on_failure=sequence_on_failure,
         )
         return fn
 
@@ -292,6 +307,7 @@ class Registry:
         backoff: Backoff | None = None,
         keep_history: timedelta | None = None,
         payload: None = None,
+        sequence_on_failure: str = "halt",
     ) -> Callable[[F], F]: ...
 
     @overload
@@ -313,6 +329,7 @@ class Registry:
         backoff: Backoff | None = None,
         keep_history: timedelta | None = None,
         payload: type[P],
+        sequence_on_failure: str = "halt",
     ) -> Callable[[Callable[[Task[P], Context], Any]], TaskHandle[P]]: ...
 
     def handler(
@@ -333,6 +350,7 @@ class Registry:
         backoff: Backoff | None = None,
         keep_history: timedelta | None = None,
         payload: type[Any] | None = None,
+        sequence_on_failure: str = "halt",
     ) -> Callable[[Any], Any]:
         """Register the decorated function (see `register`). Untyped, the function itself
         is returned; with `payload=Model`, a TaskHandle: still callable as the function,
@@ -356,6 +374,7 @@ class Registry:
                 backoff=backoff,
                 keep_history=keep_history,
                 payload=payload,
+                sequence_on_failure=sequence_on_failure,
             )
             model = self._handlers[name].payload_model
             return fn if model is None else TaskHandle(name, fn, model)

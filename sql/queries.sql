@@ -45,8 +45,9 @@
 --   running                       under a live lease (a cancelled attempt too, until it
 --                                 settles);
 --   expired                       past its expires_at: it will never start, swept or not;
---   waiting                       on its parents (run_at = 'infinity', sql/019), or on a
---                                 durable sleep or an event (wait_step, sql/072);
+--   waiting                       on its parents (run_at = 'infinity', sql/019), on a
+--                                 durable sleep or an event (wait_step, sql/072), or on
+--                                 its sequence (sequence_waiting, sql/080);
 --   retrying                      an attempt ran and failed, the next is due later;
 --   scheduled                     not due yet, no attempt ran;
 --   pending                       due, waiting for a slot.
@@ -60,7 +61,8 @@
                 ELSE 'failed' END
       WHEN {lease_live} THEN 'running'
       WHEN NOT {unexpired} THEN 'expired'
-      WHEN NOT isfinite(t.run_at) OR t.wait_step IS NOT NULL THEN 'waiting'
+      WHEN NOT isfinite(t.run_at) OR t.wait_step IS NOT NULL OR t.sequence_waiting
+      THEN 'waiting'
       WHEN t.run_at > now() AND t.attempt_count > 0 THEN 'retrying'
       WHEN t.run_at > now() THEN 'scheduled'
       ELSE 'pending' END)
@@ -970,7 +972,12 @@ WITH RECURSIVE released AS (
     FROM released r WHERE r.batch_id IS NOT NULL AND NOT r.retryable
     UNION ALL
     SELECT c.id, c.batch_id, 'cancelled' FROM cancelled c WHERE c.batch_id IS NOT NULL
-), {batch_counted}
+), {batch_counted}, seq_ended(id, sequence, halts) AS (
+    -- A sequence's member made a dead letter: its sequence halts, or goes on (sql/080).
+    SELECT r.id, m.sequence, r.dead_reason = 'exhausted' AND NOT %(sequence_go_on)s::bool
+    FROM released r JOIN slotd_tasks m ON m.id = r.id
+    WHERE NOT r.retryable AND m.sequence IS NOT NULL
+), {sequence_moved}
 SELECT r.id, NOT r.retryable AS dead FROM released r
 LEFT JOIN LATERAL (SELECT pg_notify('slotd_wake', '')) n ON r.retryable
 CROSS JOIN LATERAL (
@@ -1132,15 +1139,24 @@ WHERE t.id = chosen.id
 RETURNING t.id
 
 -- name: dead_purge
--- Ended dead letters only ({ended}): see dead_retry.
-DELETE FROM slotd_tasks t
-WHERE t.id IN (
-    SELECT t.id FROM slotd_tasks t
-    WHERE {dead} AND {ended} AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
-      AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
-      AND (%(older_than_s)s::float8 IS NULL
-           OR {retired_at} < now() - make_interval(secs => %(older_than_s)s))
-    ORDER BY t.id LIMIT %(batch)s FOR UPDATE SKIP LOCKED)
+-- Ended dead letters only ({ended}): see dead_retry. A purged member that halted its
+-- sequence ends the halt, and the sequence goes on (sql/080), under the sequences' locks
+-- taken first (sequence_lock_targets).
+WITH purged AS (
+    DELETE FROM slotd_tasks t
+    WHERE t.id IN (
+        SELECT t.id FROM slotd_tasks t
+        WHERE {dead} AND {ended}
+          AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
+          AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
+          AND (%(older_than_s)s::float8 IS NULL
+               OR {retired_at} < now() - make_interval(secs => %(older_than_s)s))
+        ORDER BY t.id LIMIT %(batch)s FOR UPDATE SKIP LOCKED)
+    RETURNING t.id, t.sequence
+), seq_ended(id, sequence, halts) AS (
+    SELECT p.id, p.sequence, false FROM purged p WHERE p.sequence IS NOT NULL
+), {sequence_moved}
+SELECT count(*) FROM purged
 
 -- name: dead_count
 SELECT count(*) FROM slotd_tasks t
@@ -1479,7 +1495,10 @@ WITH settled AS (
     SELECT s.id, s.task_type, coalesce(s.dead_attempts, 0) AS number,
            s.last_attempted_at AS started_at, s.last_error AS error
     FROM settled s
-), {attempt_recorded}, {batch_counted}
+), {attempt_recorded}, {batch_counted}, seq_ended(id, sequence, halts) AS (
+    SELECT s.id, m.sequence, false FROM settled s JOIN slotd_tasks m ON m.id = s.id
+    WHERE m.sequence IS NOT NULL
+), {sequence_moved}
 SELECT s.id, pg_notify('slotd_result', s.id::text) FROM settled s
 CROSS JOIN (SELECT count(*) FROM batch_woken) callbacks
 
@@ -1546,7 +1565,10 @@ expired AS (
     SELECT x.id, x.batch_id, 'expired' AS outcome FROM expired x WHERE x.batch_id IS NOT NULL
     UNION ALL
     SELECT c.id, c.batch_id, 'cancelled' FROM cancelled c WHERE c.batch_id IS NOT NULL
-), {batch_counted}
+), {batch_counted}, seq_ended(id, sequence, halts) AS (
+    SELECT x.id, m.sequence, false FROM expired x JOIN slotd_tasks m ON m.id = x.id
+    WHERE m.sequence IS NOT NULL
+), {sequence_moved}
 SELECT e.task_type, count(*) AS expired
 FROM expired e
 CROSS JOIN LATERAL (SELECT pg_notify('slotd_result', e.id::text)) n
@@ -1614,7 +1636,12 @@ WITH RECURSIVE due AS (
     FROM lapsed x WHERE x.batch_id IS NOT NULL
     UNION ALL
     SELECT c.id, c.batch_id, 'cancelled' FROM cancelled c WHERE c.batch_id IS NOT NULL
-), {batch_counted}
+), {batch_counted}, seq_ended(id, sequence, halts) AS (
+    -- A lapsed final attempt is a failure: its sequence halts (the sweep knows no handler).
+    SELECT x.id, m.sequence, x.dead_reason = 'exhausted'
+    FROM lapsed x JOIN slotd_tasks m ON m.id = x.id
+    WHERE m.sequence IS NOT NULL
+), {sequence_moved}
 SELECT x.task_type, x.dead_reason, count(*) AS lapsed
 FROM lapsed x
 CROSS JOIN LATERAL (SELECT pg_notify('slotd_result', x.id::text)) n
@@ -1931,7 +1958,14 @@ WITH RECURSIVE backoff AS (
     FROM failed f WHERE f.batch_id IS NOT NULL AND f.attempt_count >= f.max_attempts
     UNION ALL
     SELECT c.id, c.batch_id, 'cancelled' FROM cancelled c WHERE c.batch_id IS NOT NULL
-), {batch_counted}
+), {batch_counted}, seq_ended(id, sequence, halts) AS (
+    -- A sequence's member that ended failed halts it unless its handler goes on (sql/080);
+    -- one with attempts left still holds it.
+    SELECT f.id, m.sequence,
+           f.dead_reason IN ('exhausted', 'discarded') AND NOT %(sequence_go_on)s::bool
+    FROM failed f JOIN slotd_tasks m ON m.id = f.id
+    WHERE f.attempt_count >= f.max_attempts AND m.sequence IS NOT NULL
+), {sequence_moved}
 SELECT f.attempt_count, f.max_attempts, f.run_at
 FROM failed f
 CROSS JOIN LATERAL (
@@ -2011,7 +2045,10 @@ done AS (
     RETURNING t.id, t.parents_left
 ), ended AS (
     SELECT d.id, d.batch_id, 'succeeded' AS outcome FROM done d WHERE d.batch_id IS NOT NULL
-), {batch_counted}
+), {batch_counted}, seq_ended(id, sequence, halts) AS (
+    SELECT d.id, m.sequence, false FROM done d JOIN slotd_tasks m ON m.id = d.id
+    WHERE m.sequence IS NOT NULL
+), {sequence_moved}
 
 -- fragment: linked_told
 -- The linked success's notifications: one wake for the dependants it made due, the result

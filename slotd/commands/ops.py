@@ -27,6 +27,7 @@ from slotd.producer.enqueue import enqueue as enqueue_task
 from slotd.registry import validate_type_name
 from slotd.repository import Repository, UnknownParents, paused_types
 from slotd.repository.batches import batches_in_flight
+from slotd.repository.sequences import sequences
 from slotd.repository.states import DEAD, State, state_counts
 from slotd.supervisor.horizon import Holder, status_line
 
@@ -138,6 +139,7 @@ def warn_unhandled(repo: Repository, task_type: str, then: str) -> None:
 
 # The oldest batches in flight shown (a sealed batch not yet complete); "N+" past it.
 BATCHES_SHOWN = 20
+HALTED_SHOWN = 20  # halted sequences named by `slotd status`
 
 
 @click.command("status")
@@ -153,6 +155,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         by_type = repo.oldest_due_by_type()
         paused = paused_types(repo.read, schema=repo.schema)
         recent = recent_outcomes(repo.read, schema=repo.schema)
+        halted = sequences(repo.read, halted=True, limit=HALTED_SHOWN, schema=repo.schema)
         schema = repo.schema
         batches = batches_in_flight(repo.read, limit=BATCHES_SHOWN, schema=repo.schema)
         holder = Holder.from_row(repo.horizon_holder())
@@ -191,6 +194,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
                 }
                 for b in batches
             ],
+            # Sequences a failed task halted (sql/080): {name: the task that failed}.
+            "halted_sequences": {q.name: q.halted_by for q in halted},
             # Whatever holds the horizon the longest, shown or not: scripts decide.
             "vacuum_horizon": None if holder is None else holder.as_json(),
         }
@@ -242,6 +247,13 @@ def status(ctx: click.Context, as_json: bool) -> None:
         click.echo(f"paused: {len(paused)} type{'s' if len(paused) != 1 else ''}")
         table = _table(("TYPE", "BY", "SINCE", "UNTIL"), rows)
         click.echo("\n".join("  " + line for line in table.splitlines()))
+    if halted:
+        # Their tasks wait until an operator acts: the one line that says so.
+        more = "+" if len(halted) >= HALTED_SHOWN else ""
+        listed = ", ".join(f"{q.name} (task {q.halted_by} failed)" for q in halted)
+        click.echo(
+            f"! sequences halted: {len(halted)}{more}: {listed}; slotd sequences resume NAME"
+        )
     if batches:
         more = "+" if len(batches) >= BATCHES_SHOWN else ""
         click.echo(f"batches in flight: {len(batches)}{more}")

@@ -48,6 +48,7 @@ def settle(
     never retried. Only a handler that finished its work anyway is settled as a success."""
     task_id, token = claimed.id, claimed.token
     backoff = _backoff(repo, registry, claimed.task_type, result)
+    go_on = _sequence_goes_on(registry, claimed.task_type)
     try:
         if cancelled_by is not None and result.kind != kinds.DONE:
             what = f"({cancelled_by}); not retried"
@@ -95,21 +96,21 @@ def settle(
         if result.kind in (kinds.CONTINUE, kinds.SHUTDOWN) or (
             shutting_down and result.kind == kinds.ERROR
         ):
-            return _release(repo, claimed, result, shutting_down, logger, backoff)
+            return _release(repo, claimed, result, shutting_down, logger, backoff, go_on)
         if result.kind == kinds.KILLED or (result.kind == kinds.ERROR and result.past_deadline):
             text = _error_text(result, "deadline exceeded")
-            failure = _fail(repo, claimed, text, backoff, outcome=Outcome.TIMEOUT)
+            failure = _fail(repo, claimed, text, backoff, outcome=Outcome.TIMEOUT, go_on=go_on)
             return _done(Outcome.TIMEOUT, claimed, result, logger, failure.dead)
         if result.kind == kinds.ERROR and result.extra.get(DISCARD):
             text = _error_text(result, "payload refused by its model")
-            failure = _fail(repo, claimed, text, backoff, discard=True)
+            failure = _fail(repo, claimed, text, backoff, discard=True, go_on=go_on)
             return _done(Outcome.DISCARDED, claimed, result, logger, failure.dead)
         if result.kind == kinds.CRASHED:
             text = _error_text(result, "runner crashed")
-            failure = _fail(repo, claimed, text, backoff, outcome=Outcome.CRASHED)
+            failure = _fail(repo, claimed, text, backoff, outcome=Outcome.CRASHED, go_on=go_on)
             return _done(Outcome.CRASHED, claimed, result, logger, failure.dead)
         text = _error_text(result, "handler failed")
-        failure = _fail(repo, claimed, text, backoff)
+        failure = _fail(repo, claimed, text, backoff, go_on=go_on)
         return _done(Outcome.FAILURE, claimed, result, logger, failure.dead)
     except LeaseLost:
         return _done(Outcome.LOST, claimed, result, logger)
@@ -141,22 +142,25 @@ def _fail(
     backoff: dict[str, Any],
     discard: bool = False,
     outcome: Outcome = Outcome.FAILURE,
+    go_on: bool = False,
 ) -> Failure:
     """record_failure, by the linked statement for a linked task, and again so when the
     plain one is refused (dependants enqueued since the claim; see _as_linked).
     `discard`: the dead letter now, whatever attempts remain. `outcome`: what the attempt
-    is remembered as (slotd_attempts)."""
+    is remembered as (slotd_attempts). `go_on`: a sequence's task whose dead letter lets
+    its sequence go on (its handler's sequence_on_failure="continue")."""
     fail = repo.record_failure
     kind = str(Outcome.DISCARDED if discard else outcome)
+    linked = {"linked": True, "sequence_go_on": go_on}
     if claimed.linked:
         return fail(
-            claimed.id, claimed.token, text, **backoff, linked=True, discard=discard, outcome=kind
+            claimed.id, claimed.token, text, **backoff, **linked, discard=discard, outcome=kind
         )
     try:
         return fail(claimed.id, claimed.token, text, **backoff, discard=discard, outcome=kind)
     except LeaseLost:
         return fail(
-            claimed.id, claimed.token, text, **backoff, linked=True, discard=discard, outcome=kind
+            claimed.id, claimed.token, text, **backoff, **linked, discard=discard, outcome=kind
         )
 
 
@@ -221,6 +225,13 @@ def _backoff(
     return {"backoff_base": base, "backoff_cap": cap}
 
 
+def _sequence_goes_on(registry: Registry | None, task_type: str) -> bool:
+    """Whether a dead letter of this type's sequence member lets its sequence go on (its
+    handler's sequence_on_failure; sql/080). Unknown: it halts, the safe default."""
+    handler = registry.get(task_type) if registry is not None else None
+    return handler is not None and handler.sequence_on_failure == "continue"
+
+
 def _release(
     repo: Repository,
     claimed: Claimed,
@@ -228,6 +239,7 @@ def _release(
     shutting_down: bool,
     logger: Logger,
     backoff: dict[str, Any],
+    go_on: bool = False,
 ) -> Settlement:
     interrupted = shutting_down or result.kind == kinds.SHUTDOWN
     if not interrupted:
@@ -242,6 +254,7 @@ def _release(
         refund_final=not unstarted,
         unstarted=unstarted,
         outcome=str(outcome),
+        sequence_go_on=go_on,
     )
     return _done(outcome, claimed, result, logger, bool(dead))
 

@@ -13,6 +13,7 @@ import psycopg
 
 from slotd import integrations, repository
 from slotd.config import max_attempts_from_env, max_attempts_value, priority_step
+from slotd.producer import sequences
 from slotd.producer.targets import async_target, sync_target
 from slotd.repository import NewTask
 from slotd.repository.batches import join_batch, join_batch_async
@@ -153,6 +154,7 @@ def write_many(
 ) -> list[EnqueuedId]:
     """enqueue_many's writes, on a target and schema already resolved; `batch_id`: the rows
     join that batch (slotd.batch, whose block holds the transaction)."""
+    names = sequences.names_of(rows, parents)
     with upgrades.migrated(), _sending(rows) as send:
         trace = send.context if send else None
         insert = {
@@ -162,7 +164,12 @@ def write_many(
             "unique": unique,
             "schema": schema,
         }
-        if not parents:
+        if not parents and any(names):
+            # Sequences (sql/080): their rows locked and places drawn before the insert.
+            with sequences.entered(target, names, schema) as place:
+                ids = repository.enqueue_many(target, rows, **insert)
+                place(ids)
+        elif not parents:
             ids = repository.enqueue_many(target, rows, **insert)
         else:
             # One savepoint inside the caller's transaction: the parents are marked and
@@ -197,6 +204,7 @@ def enqueue(
     expires_in: timedelta | float | None = None,
     run_at: datetime | None = None,
     tags: Sequence[str] | None = None,
+    sequence: str | None = None,
 ) -> EnqueuedId:
     """Write one task and return its id, or the id of the live row with the same key
     (unique="pending": of the row with the key that has not started; a running one lets
@@ -205,9 +213,13 @@ def enqueue(
     is what max_running_per_group and rate_per_group count; `expires_in`: see
     enqueue_many. `after`: task ids that must all succeed first (see enqueue_many).
     `run_at`: due at this aware datetime (not with `delay`; naive is a ValueError);
-    `tags`: strings to find it by (slotd.tasks(tag=...))."""
+    `tags`: strings to find it by (slotd.tasks(tag=...)). `sequence`: the tasks of one
+    sequence run one at a time, across the fleet, in the order their enqueues committed
+    (docs/how-to/order.md)."""
     target = sync_target(conn, "slotd.enqueue")
-    new = NewTask(task_type, payload, delay, key, priority, group, unique, expires_in, run_at, tags)
+    new = NewTask(
+        task_type, payload, delay, key, priority, group, unique, expires_in, run_at, tags, sequence
+    )
     return enqueue_many(target, [new], max_attempts=max_attempts, schema=schema, after=after)[0]
 
 
@@ -240,6 +252,7 @@ async def write_many_async(
     batch_id: int | None = None,
 ) -> list[EnqueuedId]:
     """write_many from asyncio."""
+    names = sequences.names_of(rows, parents)
     with upgrades.migrated(), _sending(rows) as send:
         trace = send.context if send else None
         insert = {
@@ -249,7 +262,13 @@ async def write_many_async(
             "unique": unique,
             "schema": schema,
         }
-        if not parents:
+        if not parents and any(names):
+            session = target if isinstance(target, psycopg.AsyncConnection) else target.connection
+            async with session.transaction():
+                places = await sequences.enter_async(target, names, schema)
+                ids = await repository.enqueue_many_async(target, rows, **insert)
+                await sequences.join_async(target, ids, names, places, schema)
+        elif not parents:
             ids = await repository.enqueue_many_async(target, rows, **insert)
         else:
             session = target if isinstance(target, psycopg.AsyncConnection) else target.connection
@@ -282,9 +301,12 @@ async def enqueue_async(
     expires_in: timedelta | float | None = None,
     run_at: datetime | None = None,
     tags: Sequence[str] | None = None,
+    sequence: str | None = None,
 ) -> EnqueuedId:
     """enqueue from asyncio; see enqueue and enqueue_many_async."""
     target = await async_target(conn, "slotd.enqueue_async")
-    new = NewTask(task_type, payload, delay, key, priority, group, unique, expires_in, run_at, tags)
+    new = NewTask(
+        task_type, payload, delay, key, priority, group, unique, expires_in, run_at, tags, sequence
+    )
     many = enqueue_many_async(target, [new], max_attempts=max_attempts, schema=schema, after=after)
     return (await many)[0]

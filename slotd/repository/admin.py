@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from slotd.config import priority_step
 from slotd.repository.named import AsyncExecutor, Executor, _sql
 from slotd.repository.states import STATES as ALL_STATES
 from slotd.repository.states import State
@@ -87,11 +88,22 @@ async def retry_one_async(target: AsyncExecutor, task_id: int, schema: str) -> b
     return bool(await cur.fetchall())
 
 
+def _purge(task_id: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """dead_purge's parameters, and those of the sequence lock taken before it (sql/080:
+    a purged member that halted its sequence lets it go on)."""
+    params = {**_one(task_id), "step_s": priority_step().total_seconds()}
+    return params, {"ids": params["ids"], "task_type": None, "key": None, "dead": True}
+
+
 def purge_one(target: Executor, task_id: int, schema: str) -> bool:
     """A dead letter deleted (sql `dead_purge`); False: no dead letter with that id."""
-    return target.execute(_sql("dead_purge", schema), _one(task_id)).rowcount == 1
+    params, lock = _purge(task_id)
+    target.execute(_sql("sequence_lock_targets", schema), lock)
+    return int(target.execute(_sql("dead_purge", schema), params).fetchall()[0][0]) == 1
 
 
 async def purge_one_async(target: AsyncExecutor, task_id: int, schema: str) -> bool:
-    cur = await target.execute(_sql("dead_purge", schema), _one(task_id))
-    return cur.rowcount == 1
+    params, lock = _purge(task_id)
+    await target.execute(_sql("sequence_lock_targets", schema), lock)
+    cur = await target.execute(_sql("dead_purge", schema), params)
+    return int((await cur.fetchall())[0][0]) == 1

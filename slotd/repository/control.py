@@ -8,9 +8,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from slotd.config import priority_step
 from slotd.repository.causes import PARENT_FAILED
 from slotd.repository.lanes import Lanes
 from slotd.repository.named import AsyncExecutor, Executor, _dicts, _sql
+from slotd.repository.producing import PRIORITY_SPAN
 from slotd.repository.queue import Limits, limit_params
 
 
@@ -83,7 +85,8 @@ class OperatorControl(Lanes):
         statement), so a retry or purge acts on a dead letter whose end, batch count and
         dependants' cancel are written, never on one still waiting for them."""
         while True:
-            _, rows = self._write("lapsed", {"batch": 1000, "cause": PARENT_FAILED})
+            params = {"batch": 1000, "cause": PARENT_FAILED, "step_s": self.lead_s / PRIORITY_SPAN}
+            _, rows = self._write("lapsed", params, before=("sequence_lock_lapsed", {}))
             if sum(int(n) for _, _, n in rows) < 1000:
                 return
 
@@ -109,8 +112,10 @@ class OperatorControl(Lanes):
             "batch": batch,
         }
         self.end_lapsed()
-        count, _ = self._write("dead_purge", params)
-        return count
+        lock = {"ids": params["ids"], "task_type": task_type, "key": None, "dead": True}
+        params["step_s"] = self.lead_s / PRIORITY_SPAN
+        _, rows = self._write("dead_purge", params, before=("sequence_lock_targets", lock))
+        return int(rows[0][0])
 
     def prune_dead(self, retention: timedelta, batch: int = 5000) -> int:
         """Retention: dead letters whose last attempt is older than the window, in batches
@@ -170,12 +175,17 @@ def cancel_tasks(
         "by": by,
         "batch": batch,
     }
+    # Sequences first (sql/080): the lock order every end of a member keeps.
+    target.execute(_sql("sequence_lock_targets", schema), {**params, "dead": False})
     rows = target.execute(_sql("cancel", schema), params).fetchall()
     cancelled = [CancelledTask(*row) for row in rows]
     if cancelled:  # their dependants, transitively, in the same transaction
         ids = [t.id for t in cancelled]
         cause = f"cancelled: task %s, which it waits on, was cancelled by {by.replace('%', '%%')}"
         target.execute(_sql("cancel_dependants", schema), {"ids": ids, "cause": cause})
+        ended = [t.id for t in cancelled if not t.running]
+        step_s = priority_step().total_seconds()
+        target.execute(_sql("sequence_passed", schema), {"ids": ended, "step_s": step_s})
     return cancelled
 
 
@@ -189,7 +199,7 @@ async def cancel_tasks_async(
     batch: int = 1000,
     schema: str | None = None,
 ) -> list[CancelledTask]:
-    """cancel_tasks on an asyncio connection: the same two statements."""
+    """cancel_tasks on an asyncio connection: the same statements."""
     params = {
         "ids": list(ids) if ids else None,
         "task_type": task_type,
@@ -197,12 +207,16 @@ async def cancel_tasks_async(
         "by": by,
         "batch": batch,
     }
+    await target.execute(_sql("sequence_lock_targets", schema), {**params, "dead": False})
     cur = await target.execute(_sql("cancel", schema), params)
     cancelled = [CancelledTask(*row) for row in await cur.fetchall()]
     if cancelled:
         ids = [t.id for t in cancelled]
         cause = f"cancelled: task %s, which it waits on, was cancelled by {by.replace('%', '%%')}"
         await target.execute(_sql("cancel_dependants", schema), {"ids": ids, "cause": cause})
+        ended = [t.id for t in cancelled if not t.running]
+        step_s = priority_step().total_seconds()
+        await target.execute(_sql("sequence_passed", schema), {"ids": ended, "step_s": step_s})
     return cancelled
 
 

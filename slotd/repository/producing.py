@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from slotd.config import priority_step
 from slotd.payload import encode
 from slotd.registry import validate_type_name
 from slotd.repository.causes import PARENT_EXPIRED
@@ -56,6 +57,9 @@ class NewTask:
     run_at: datetime | None = None
     # Labels to find it by (slotd.tasks(tag=...)): short strings.
     tags: Sequence[str] | None = None
+    # The sequence it runs in (sql/080): one at a time, in the order of the enqueues'
+    # commits. None: none.
+    sequence: str | None = None
 
 
 def _run_at(row: NewTask) -> datetime | None:
@@ -314,7 +318,7 @@ _KEY_TRIES = 5
 
 def _expire_key(by_key: dict[str, Any]) -> dict[str, Any]:
     """`expire_key`'s parameters: the key, and how a dependant of the expired task is told."""
-    return {**by_key, "cause": PARENT_EXPIRED}
+    return {**by_key, "cause": PARENT_EXPIRED, "step_s": priority_step().total_seconds()}
 
 
 def _one(params: dict[str, Any], index: int) -> dict[str, Any]:

@@ -162,6 +162,12 @@ def array_literal(values: Sequence[Any]) -> str:
     return "{" + ",".join(parts) + "}"
 
 
+def _sequence_lock(task_id: int) -> tuple[str, dict[str, Any]]:
+    """The statement a settlement that may end a sequence's member runs first (sql
+    `sequence_lock_task`, sql/080): its snapshot then sees every member enqueued before."""
+    return ("sequence_lock_task", {"id": task_id})
+
+
 class QueueProtocol(Lanes):
     """Discovery, claim and the fenced settlements of one worker."""
 
@@ -305,7 +311,8 @@ class QueueProtocol(Lanes):
             params["value"], params["keep_s"] = kept
             params.update(self.attempt_params("success"))
         lock = self._lock_types(ids, registry)
-        _, rows = self._write(self._rated(name, lock, registry), params, lock)
+        before = _sequence_lock(task_id) if name == "dequeue_linked_claim" else None
+        _, rows = self._write(self._rated(name, lock, registry), params, lock, before)
         dequeued, *claim = rows[0]
         claimed = Claimed(*claim) if claim[0] is not None else None
         if not dequeued and name.startswith("dequeue_member") and linked is not None:
@@ -349,7 +356,7 @@ class QueueProtocol(Lanes):
             "done_token": token,
             **self._linked_params(value, keep_s, value_kept),
         }
-        _, rows = self._write("dequeue_linked", params)
+        _, rows = self._write("dequeue_linked", params, before=_sequence_lock(task_id))
         dequeued, released = rows[0]
         if not dequeued:
             raise LeaseLost(f"task {task_id}: dequeue refused, the lease is not ours")
@@ -367,11 +374,14 @@ class QueueProtocol(Lanes):
         discard: bool = False,
         jitter: float | None = None,
         outcome: str = "failure",
+        sequence_go_on: bool = False,
     ) -> Failure:
         """Back off and keep the error. `backoff_base` / `backoff_cap`: the type's own,
         else the worker's. `linked`: a task with dependants or of a batch
         (record_failure_linked: its dead letter cancels its dependants, transitively, and
-        is counted in its batch). `discard`: the dead letter now (reason 'discarded')."""
+        is counted in its batch). `discard`: the dead letter now (reason 'discarded').
+        `sequence_go_on`: its handler's sequence_on_failure="continue": a dead letter of a
+        sequence's member makes the next member due instead of halting the sequence."""
         params = {
             "id": task_id,
             "token": token,
@@ -382,13 +392,18 @@ class QueueProtocol(Lanes):
         }
         if linked:
             params["cause"] = PARENT_FAILED
+            params["sequence_go_on"] = sequence_go_on
+            params["step_s"] = self.lead_s / PRIORITY_SPAN
         if backoff_base is not None:
             params["base_s"] = backoff_base.total_seconds()
         if backoff_cap is not None:
             params["cap_s"] = backoff_cap.total_seconds()
         if jitter is not None:  # a delay the handler chose (RetryAfter): taken exactly
             params["jitter"] = jitter
-        _, rows = self._write("record_failure_linked" if linked else "record_failure", params)
+        if linked:
+            _, rows = self._write("record_failure_linked", params, before=_sequence_lock(task_id))
+        else:
+            _, rows = self._write("record_failure", params)
         if not rows:
             raise LeaseLost(f"task {task_id}: failure refused, the lease is not ours")
         return Failure(*rows[0])
@@ -475,6 +490,7 @@ class QueueProtocol(Lanes):
         refund_final: bool = False,
         unstarted: bool = False,
         outcome: str = "cancelled",
+        sequence_go_on: bool = False,
     ) -> bool | None:
         """Give the lease back; None when it is not ours, else whether the row is now a dead
         letter. `refund_final`: a shutdown's release, which gives a final attempt back once
@@ -486,27 +502,36 @@ class QueueProtocol(Lanes):
             "refund_final": refund_final,
             "unstarted": unstarted,
             "cause": PARENT_FAILED,
+            "sequence_go_on": sequence_go_on,
+            "step_s": self.lead_s / PRIORITY_SPAN,
             **self.attempt_params(outcome),
         }
-        _, rows = self._write("release", params)
+        _, rows = self._write("release", params, before=_sequence_lock(task_id))
         return bool(rows[0][1]) if rows else None
 
     def settle_cancelled(self, task_id: int, token: uuid.UUID) -> bool:
-        params = {"id": task_id, "token": token, **self.attempt_params("cancelled")}
-        count, _ = self._write("settle_cancelled", params)
+        params = {
+            "id": task_id,
+            "token": token,
+            "step_s": self.lead_s / PRIORITY_SPAN,
+            **self.attempt_params("cancelled"),
+        }
+        count, _ = self._write("settle_cancelled", params, before=_sequence_lock(task_id))
         return count == 1
 
     def expire_batch(self, batch: int = 1000) -> dict[str, int]:
         """Up to `batch` tasks past their expires_at that no lease holds, made dead letters
         with reason 'expired' (slotd.lifecycle.expire); how many of each type."""
-        _, rows = self._write("expire", {"batch": batch, "cause": PARENT_EXPIRED})
+        params = {"batch": batch, "cause": PARENT_EXPIRED, "step_s": self.lead_s / PRIORITY_SPAN}
+        _, rows = self._write("expire", params, before=("sequence_lock_expiring", {}))
         return {task_type: int(n) for task_type, n in rows}
 
     def lapsed_batch(self, batch: int = 1000) -> dict[tuple[str, str], int]:
         """Up to `batch` final attempts whose lease lapsed with nobody to settle them, given
         the end their settlement would have written (slotd.lifecycle.sweep); how many of
         each (type, dead_reason)."""
-        _, rows = self._write("lapsed", {"batch": batch, "cause": PARENT_FAILED})
+        params = {"batch": batch, "cause": PARENT_FAILED, "step_s": self.lead_s / PRIORITY_SPAN}
+        _, rows = self._write("lapsed", params, before=("sequence_lock_lapsed", {}))
         return {(task_type, reason): int(n) for task_type, reason, n in rows}
 
     def cancel_reason(self, task_id: int, token: uuid.UUID) -> str | None:
