@@ -100,7 +100,7 @@ SELECT p.* FROM live_types l
 CROSS JOIN LATERAL (
     SELECT t.id, t.task_type, {task_key} AS key, {shown_run_at}, t.attempt_count, t.max_attempts,
            t.priority, {running} AS running, t.cancelled_at IS NOT NULL AS cancelled,
-           now() AS db_now
+           {task_state} AS state, now() AS db_now
     FROM slotd_tasks t
     WHERE t.task_type = l.task_type AND {retryable}
       AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
@@ -253,3 +253,62 @@ CROSS JOIN LATERAL jsonb_array_elements(
 ) WITH ORDINALITY AS s(step, n)
 WHERE t.id = %(id)s
 ORDER BY s.n
+
+-- name: dash_find
+-- The tasks page's search by state or tag (live tasks and dead letters alike), newest
+-- first by id, after the cursor (the previous page's last id). A tag is looked up through
+-- slotd_tasks_tags (sql/040), an id or key through their indexes, inside the walk; a state
+-- ({task_state}, derived: no index knows it) and a type only filter what the walk read: it
+-- reads at most %(scan)s rows newest first (the primary key, backwards) and its last row
+-- (window_end) says where it stopped, from where the next search goes on. Bounded at any
+-- size: a state that only old tasks are in takes several pages to reach, never a read of
+-- the whole table.
+WITH scanned AS (
+    SELECT t.id, t.task_type, {task_key} AS key, {shown_run_at},
+           {attempts_made} AS attempt_count, t.max_attempts, t.priority, t.tags,
+           {task_state} AS state, {running} AS running, t.cancelled_at IS NOT NULL AS cancelled,
+           t.created_at, now() AS db_now
+    FROM slotd_tasks t
+    WHERE (%(after_id)s::bigint IS NULL OR t.id < %(after_id)s::bigint)
+      AND (%(tag)s::text IS NULL OR (t.tags IS NOT NULL AND t.tags @> ARRAY[%(tag)s::text]))
+      AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
+      AND (%(key)s::text IS NULL
+           OR ((t.key = %(key)s OR t.started_key = %(key)s)
+               AND t.task_type = ANY(%(key_types)s::text[])))
+    ORDER BY t.id DESC
+    LIMIT %(scan)s
+)
+(SELECT s.*, false AS window_end, 0::bigint AS scanned FROM scanned s
+ WHERE (%(state)s::text IS NULL OR s.state = %(state)s)
+   AND (%(task_type)s::text IS NULL OR s.task_type = %(task_type)s)
+ ORDER BY s.id DESC
+ LIMIT %(limit)s)
+UNION ALL
+(SELECT s.*, true, (SELECT count(*) FROM scanned) FROM scanned s
+ ORDER BY s.id ASC
+ LIMIT 1)
+
+-- name: dash_kept_page
+-- The tasks page's search for succeeded tasks: those whose success is kept (keep_result,
+-- keep_history; sql/018), newest first by id, walked as dash_find walks (at most %(scan)s
+-- kept results after the cursor, the type filtered among them; the last row, window_end,
+-- says where it stopped). Their key and tags went with their row: an id or a type finds
+-- them, a key or a tag cannot.
+WITH scanned AS (
+    SELECT r.task_id AS id, r.task_type, r.succeeded_at, r.expires_at,
+           r.value IS NOT NULL AS value_kept
+    FROM slotd_results r
+    WHERE r.expires_at > now()
+      AND (%(after_id)s::bigint IS NULL OR r.task_id < %(after_id)s::bigint)
+      AND (%(ids)s::bigint[] IS NULL OR r.task_id = ANY(%(ids)s::bigint[]))
+    ORDER BY r.task_id DESC
+    LIMIT %(scan)s
+)
+(SELECT s.*, false AS window_end, 0::bigint AS scanned FROM scanned s
+ WHERE %(task_type)s::text IS NULL OR s.task_type = %(task_type)s
+ ORDER BY s.id DESC
+ LIMIT %(limit)s)
+UNION ALL
+(SELECT s.*, true, (SELECT count(*) FROM scanned) FROM scanned s
+ ORDER BY s.id ASC
+ LIMIT 1)

@@ -663,6 +663,44 @@ def test_a_waiting_tasks_page_shows_its_steps_and_what_it_waits_for(
     assert not_reloaded(page)
 
 
+def test_search_tasks_by_state_tag_and_id(world: dict[str, Any], page: Any) -> None:
+    """The tasks page's search form: a state and a tag find a dead letter among live
+    tasks; the tag alone finds both; an id finds a succeeded task kept by keep_history,
+    whose row is gone, and its link opens its page."""
+    conn = world["conn"]
+    dead = slotd.enqueue(conn, "dash.echo", {"note": "tagged"}, max_attempts=1, tags=["t:44"])
+    live = slotd.enqueue(conn, "report.weekly", {"week": 50}, tags=["t:44"])  # unserved
+    kept = slotd.enqueue(conn, "dash.twice", {"order": 44})
+    wait_for(lambda: is_dead(conn, dead), what="the tagged dead letter")
+    got = slotd.wait_result(conn, kept, timeout=30)
+    assert got is not None and got.state == "succeeded"
+
+    def shown() -> list[tuple[int, str]]:
+        rows = page.locator("#tasks tbody tr").all()
+        return [(int(r.get_attribute("data-id")), r.get_attribute("data-state")) for r in rows]
+
+    page.goto(world["base"] + "/tasks")
+    page.select_option("#search select[name=state]", "failed")
+    page.fill("#search input[name=tag]", "t:44")
+    page.click("#search button")
+    page.wait_for_url(re.compile(r"state=failed"))
+    assert shown() == [(dead, "failed")]
+    page.select_option("#search select[name=state]", "")
+    page.click("#search button")
+    page.wait_for_url(re.compile(r"state=&"))
+    assert shown() == [(live, "pending"), (dead, "failed")]
+    shot(page, "tasks-search")
+    page.fill("#search input[name=tag]", "")
+    page.fill("#search input[name=q]", str(kept))
+    page.click("#search button")
+    page.wait_for_url(re.compile(rf"q={kept}"))
+    assert shown() == [(kept, "succeeded")]
+    page.locator(f'#tasks a[href$="/tasks/{kept}"]').click()
+    page.wait_for_url(world["base"] + f"/tasks/{kept}")
+    assert page.locator("h1 .state").inner_text() == "succeeded"
+    assert page.locator("#attempts tbody tr").count() == 2
+
+
 def test_the_narrow_layout_never_spills_sideways(world: dict[str, Any], page: Any) -> None:
     """At 400 px every page fits its width (wide tables scroll inside their own box); the
     screenshots at 1400 and 400 px are the docs' (docs/how-to/dashboard.md)."""
@@ -671,8 +709,8 @@ def test_the_narrow_layout_never_spills_sideways(world: dict[str, Any], page: An
         "SELECT id FROM slotd_tasks WHERE attempt_count >= max_attempts ORDER BY id LIMIT 1"
     ).fetchone()[0]
     batch = conn.execute("SELECT max(id) FROM slotd_batches").fetchone()[0]
-    paths = ["/", "/running", "/tasks", "/dead", "/schedules", "/types/dash.flaky",
-             f"/tasks/{dead}", "/?window=day"]  # fmt: skip
+    paths = ["/", "/running", "/tasks", "/tasks?state=failed", "/dead", "/schedules",
+             "/types/dash.flaky", f"/tasks/{dead}", "/?window=day"]  # fmt: skip
     if batch is not None:
         paths.append(f"/batches/{batch}")
     try:

@@ -140,6 +140,28 @@ class DashboardReads:
         params["limit"] = limit
         return _dicts(self.conn.execute(_sql("dash_tasks_page", self.schema), params))
 
+    def find(
+        self, search: Mapping[str, Any], after_id: int | None, limit: int, scan: int
+    ) -> list[dict[str, Any]]:
+        """Tasks of a state and/or tag (live and dead), newest first: the matches among
+        the next `scan` rows after `after_id`, and a last row with window_end set saying
+        where the walk stopped. `search`: task_type, ids, key (with key_types), state, tag."""
+        params = {
+            "task_type": None, "ids": None, "key": None, "key_types": [], "state": None,
+            "tag": None, **search, "after_id": after_id, "limit": limit, "scan": scan,
+        }  # fmt: skip
+        return _dicts(self.conn.execute(_sql("dash_find", self.schema), params))
+
+    def kept_page(
+        self, search: Mapping[str, Any], after_id: int | None, limit: int, scan: int
+    ) -> list[dict[str, Any]]:
+        """Succeeded tasks whose success is kept, newest first, walked as `find` walks."""
+        params = {
+            "task_type": search.get("task_type"), "ids": search.get("ids"),
+            "after_id": after_id, "limit": limit, "scan": scan,
+        }  # fmt: skip
+        return _dicts(self.conn.execute(_sql("dash_kept_page", self.schema), params))
+
     def live_count(self, task_type: str, key: str | None) -> tuple[int, int]:
         """What `cancel --type T [--key K]` would cancel now: (live, running), capped."""
         params = {"task_type": task_type, "key": key, "cap": self.COUNT_CAP}

@@ -24,6 +24,7 @@ from slotd import db
 from slotd.config import Settings
 from slotd.registry import validate_type_name
 from slotd.repository import DashboardReads, Repository
+from slotd.repository.states import STATES, validate_state
 from slotd.web import actions, charts, formats, graphs, listings, pages
 from slotd.web.database import Database
 from slotd.web.security import (
@@ -252,8 +253,9 @@ def create_app(
         search, after = _search(request)
         data = await run_in_threadpool(app.read, lambda r: listings.tasks(r, search, after))
         return app.render(
-            request, "tasks.html", task_type=search.task_type, q=search.query or "", **data
-        )
+            request, "tasks.html", task_type=search.task_type, q=search.query or "",
+            state=search.state or "", tag=search.tag or "", states=STATES, **data,
+        )  # fmt: skip
 
     async def schedules(request: Request, who: str) -> Response:
         data = await run_in_threadpool(app.read, pages.schedules)
@@ -331,10 +333,13 @@ def _count_param(request: Request, name: str, least: int) -> int | None:
 def _search(request: Request) -> tuple[listings.Search, listings.Cursor | None]:
     """A listing's search and page from its query string; bad values are a 400 page."""
     params = request.query_params
+    state = (params.get("state") or "").strip() or None
     search = listings.Search(
         task_type=_type_param(params.get("type")),
         query=(params.get("q") or "").strip() or None,
         error=(params.get("error") or "").strip() or None,
+        state=validate_state(state) if state else None,
+        tag=(params.get("tag") or "").strip() or None,
     )
     return search, listings.parse_cursor(params.get("after"))
 

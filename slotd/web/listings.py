@@ -14,6 +14,8 @@ PAGE = 100
 # How many dead letters one error search looks through: no index knows error text, so the
 # search is a bounded walk of the listing's index, continued page by page.
 ERROR_SCAN = 10_000
+# How many tasks one search by state or tag looks through (newest first), page by page.
+SEARCH_SCAN = 10_000
 Cursor = tuple[datetime | None, int]
 
 
@@ -43,11 +45,13 @@ class Search:
     task_type: str | None = None
     query: str | None = None  # an id, else a key
     error: str | None = None  # the start of the error line (dead letters)
+    state: str | None = None  # one of slotd's states (the tasks page)
+    tag: str | None = None  # enqueue(..., tags=[...]) (the tasks page)
 
     def params(self, key_types: list[str], as_key: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {"task_type": self.task_type, "key_types": key_types}
         if self.query:
-            if self.query.isdigit() and not as_key:
+            if self.query.isdigit() and not as_key and len(self.query) <= 18:
                 out["ids"] = [int(self.query)]
             else:
                 out["key"] = self.query
@@ -55,7 +59,10 @@ class Search:
 
     def link(self) -> dict[str, str]:
         """The search as query parameters, for the next page's link."""
-        pairs = {"type": self.task_type, "q": self.query, "error": self.error}
+        pairs = {
+            "type": self.task_type, "q": self.query, "error": self.error, "state": self.state,
+            "tag": self.tag,
+        }  # fmt: skip
         return {k: v for k, v in pairs.items() if v}
 
 
@@ -93,6 +100,7 @@ def dead(
         "limit": limit,
         "next": following,
         "searched_to": searched_to,
+        "searched_id": None,
         "scan": ERROR_SCAN,
         "paged": after is not None,
         "link": search.link(),
@@ -100,13 +108,10 @@ def dead(
 
 
 def mark_states(rows: list[dict[str, Any]]) -> None:
-    """Each live task's state and how far its due time is, as the listing shows them."""
+    """How far each live task's due time is (its state is slotd's, fragment task_state)."""
     for row in rows:
-        if row["run_at"] is None:  # a dependant waiting on its parents (sql/019)
-            row["due_s"], row["state"] = None, "waiting"
-            continue
-        row["due_s"] = (row["run_at"] - row["db_now"]).total_seconds()
-        row["state"] = "running" if row["running"] else "due" if row["due_s"] <= 0 else "waiting"
+        run_at = row["run_at"]  # None: waiting on its parents or an event (infinity)
+        row["due_s"] = None if run_at is None else (run_at - row["db_now"]).total_seconds()
 
 
 def shorten(rows: list[dict[str, Any]]) -> None:
@@ -119,18 +124,75 @@ def shorten(rows: list[dict[str, Any]]) -> None:
 def tasks(
     reads: DashboardReads, search: Search, after: Cursor | None, limit: int = PAGE
 ) -> dict[str, Any]:
+    """The tasks page: live tasks in due order; with a state or a tag, a search of live
+    tasks and dead letters newest first; succeeded ones among the kept successes."""
+    if search.state == "succeeded":
+        return _walked(reads, search, after, limit, reads.kept_page, "kept")
+    if search.state or search.tag:
+        return _walked(reads, search, after, limit, reads.find, "found")
     types = reads.types()
     rows = reads.tasks_page(search.params(types), after, limit)
     if search.query and search.query.isdigit() and not rows:
         rows = reads.tasks_page({**search.params(types, as_key=True), "ids": None}, after, limit)
-    mark_states(rows)
+    mode = "live"
+    if not rows and search.query and search.query.isdigit() and after is None:
+        # A succeeded task kept by keep_result / keep_history is found by its id too.
+        kept = reads.kept(int(search.query)) if len(search.query) <= 18 else None
+        if kept is not None and search.task_type in (None, kept["task_type"]):
+            rows, mode = [kept], "kept"
+    if mode == "live":
+        mark_states(rows)
     following = cursor_text(rows[-1]["run_at"], rows[-1]["id"]) if len(rows) == limit else None
+    return _listing(reads, search, rows, types, limit, following, None, after, mode)
+
+
+def _walked(
+    reads: DashboardReads,
+    search: Search,
+    after: Cursor | None,
+    limit: int,
+    walk: Any,
+    mode: str,
+) -> dict[str, Any]:
+    """A search that walks at most SEARCH_SCAN rows newest first per page (a state is
+    derived, no index knows it) and says where it stopped."""
+    types = reads.types()
+    after_id = after[1] if after else None
+    params = {**search.params(types), "state": search.state, "tag": search.tag}
+    rows = walk(params, after_id, limit, SEARCH_SCAN)
+    if search.query and search.query.isdigit() and not [r for r in rows if not r["window_end"]]:
+        params.update(search.params(types, as_key=True), ids=None)
+        rows = walk(params, after_id, limit, SEARCH_SCAN)
+    window = next((r for r in rows if r["window_end"]), None)
+    rows = [r for r in rows if not r["window_end"]]
+    following, searched = None, None
+    if len(rows) == limit:
+        following = cursor_text(None, rows[-1]["id"])
+    elif window is not None and window["scanned"] >= SEARCH_SCAN:
+        following, searched = cursor_text(None, window["id"]), window["id"]
+    return _listing(reads, search, rows, types, limit, following, searched, after, mode)
+
+
+def _listing(
+    reads: DashboardReads,
+    search: Search,
+    rows: list[dict[str, Any]],
+    types: list[str],
+    limit: int,
+    following: str | None,
+    searched_id: int | None,
+    after: Cursor | None,
+    mode: str,
+) -> dict[str, Any]:
     return {
         "rows": rows,
         "types": types,
         "limit": limit,
         "next": following,
         "searched_to": None,
+        "searched_id": searched_id,
+        "scan": SEARCH_SCAN,
         "paged": after is not None,
         "link": search.link(),
+        "mode": mode,
     }
