@@ -64,6 +64,11 @@ def set_title(title: str) -> None:
         setproctitle.setproctitle(f"slotd: {title}")
 
 
+def title_is(prefix: str) -> bool:
+    """Whether the title set last starts with `prefix`."""
+    return _title.startswith(prefix)
+
+
 def die_with_parent(sig: int, parent: int) -> None:
     """Ask the kernel to send `sig` when our parent exits (Linux), so nothing is orphaned
     by a kill -9 of the supervisor or a slot.

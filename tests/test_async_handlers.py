@@ -61,7 +61,7 @@ def test_async_handler_is_cancelled_at_its_deadline_or_killed_when_it_blocks(
         assert "interrupted at the deadline" in row["last_error"]
         assert "CancelledError" in row["last_error"]  # the await it was stuck in
         assert cancelled_at < second_at  # no overlap with its retry
-        assert "idle" in " ".join(psutil.Process(first_pid).cmdline())
+        assert "slotd: runner 0" in " ".join(psutil.Process(first_pid).cmdline())
     else:
         # Stuck in a blocking call, the loop never yields: the kill grace ends the runner.
         assert "killed" in row["last_error"]

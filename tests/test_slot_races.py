@@ -76,7 +76,7 @@ def test_a_cancel_that_reaches_the_runner_before_its_task_is_kept(
     qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
 ) -> None:
     daemon = start(daemons, db_url, slots=1)
-    [runner_] = wait_for(lambda: daemon.titled("runner 0 idle"), what="the idle runner")
+    [runner_] = wait_for(lambda: daemon.titled("runner 0"), what="the idle runner")
     # As a SIGTERM landing while the runner receives its task: the cancel comes first.
     os.kill(runner_.pid, signal.SIGUSR1)
     task_id = slotd.enqueue(qconn, "rt.polite")
@@ -146,7 +146,7 @@ def test_a_dead_slot_takes_its_current_runner_not_a_replaced_one(
     )[0]
     # Recycled after one task: a new runner, which the supervisor must be told about.
     [current] = wait_for(
-        lambda: [p for p in daemon.titled("runner 0 idle") if p.pid != first_runner],
+        lambda: [p for p in daemon.titled("runner 0") if p.pid != first_runner],
         what="the recycled runner",
     )
     [slot_proc] = wait_for(lambda: daemon.titled("slot 0 idle"), what="the idle slot")

@@ -141,7 +141,9 @@ def serve(
     signal.signal(CANCEL, _on_cancel)
     signal.signal(INTERRUPT, _on_interrupt)
     signal.set_wakeup_fd(-1)
-    proc.set_title(f"runner {slot_no} idle")
+    # One title for the runner's life: its slot's title names the task it runs (a title
+    # per task was two system calls per task, prctl).
+    proc.set_title(f"runner {slot_no}")
     if faults is not None:  # counted by the supervisor, by way of the slot
         faults.on_fault = lambda kind: conn.send(("fault", kind))
     registry.runner_started()  # after the fork: the application's per-process set-up
@@ -218,7 +220,6 @@ def _run(
         if found is None:
             return Result(ERROR, f"no handler registered for {task.type!r} in this runner")
         handler = _entered_handlers[task.type] = _entering(found)
-    proc.set_title(f"runner {slot_no} running {task.type}#{task.id}")
 
     def exchange(message: tuple[Any, ...]) -> tuple[Any, ...]:
         # The exchange with the slot must not be torn by the deadline interrupt: a pending
@@ -312,7 +313,6 @@ def _run(
             )
             result.extra[RECYCLE] = what
     _State.cancelled = False  # this task's; one that arrives after this is the slot's to clear
-    proc.set_title(f"runner {slot_no} idle")
     return result
 
 

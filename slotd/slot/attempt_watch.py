@@ -11,7 +11,7 @@ the lifecycle settles."""
 from __future__ import annotations
 
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
@@ -111,7 +111,6 @@ class AttemptWatch:
         """Hand `claimed` to the runner and watch it to its end: the attempt's Result."""
         s = self.slot
         dog = Watchdog.for_deadline(deadline, s.settings.kill_grace, s.settings.shutdown_grace)
-        advanced = False
         ceiling = claimed.lease_expires_at - claimed.claimed_at - s.settings.lease_margin
         label = f"slot {s.spec.number} running {claimed.task_type}#{claimed.id}"
         try:
@@ -126,6 +125,21 @@ class AttemptWatch:
             return result
         self.cancel_sent = False
         runner_.tasks += 1
+        try:
+            return self._watch(claimed, runner_, dog, label, ceiling)
+        finally:
+            if proc.title_is(label):  # a long attempt's title, gone with it
+                proc.set_title(f"slot {s.spec.number} busy")
+
+    def _watch(
+        self, claimed: Claimed, runner_: Runner, dog: Watchdog, label: str, ceiling: timedelta
+    ) -> Result:
+        s = self.slot
+        advanced = False
+        # No title for the first pass: most attempts end before the second (the runner's
+        # answer), and a title per task was a system call per task (prctl) in the slot; a
+        # longer attempt gets it at the watchdog's next wake, at most a second later.
+        first = True
         while True:
             now = time.monotonic()
             self.cancel.look_if_due(now, claimed, s.conns.repo)
@@ -150,7 +164,9 @@ class AttemptWatch:
                     s.runners.died(Result(KILLED))
                     grace = s.settings.kill_grace.total_seconds()
                     return Result(KILLED, f"killed {grace:g}s after its deadline", advanced, True)
-            proc.set_title(f"{label} {now - dog.started:.0f}s/{ceiling.total_seconds():.0f}s")
+            if not first:
+                proc.set_title(f"{label} {now - dog.started:.0f}s/{ceiling.total_seconds():.0f}s")
+            first = False
             timeout = s.bell.pay_what_is_due(dog.wait_for(now))
             watched = [runner_.conn, s.selfpipe]
             if runner_.watch.fd is not None:  # no pidfd (old kernel, seccomp): polled below

@@ -158,6 +158,8 @@ class Slot:
                 self.reload = False
                 if not awake:
                     awake = self._wait_token()
+                    # One title per busy spell, not one per task (see AttemptWatch.run).
+                    proc.set_title(f"slot {self.spec.number} busy")
                     continue
                 if self.runners.current is None:  # never claim work there is no runner to run
                     self._spawn_runner()
