@@ -170,14 +170,21 @@ deliberate:
 
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 from slotd.testing.eager import Eager, eager
 from slotd.testing.eager import _failed as _failed
-from slotd.testing.fixtures import pytest_configure as pytest_configure
-from slotd.testing.fixtures import slotd_conn as slotd_conn
-from slotd.testing.fixtures import slotd_eager as slotd_eager
-from slotd.testing.fixtures import slotd_postgres as slotd_postgres
-from slotd.testing.fixtures import slotd_registry as slotd_registry
-from slotd.testing.fixtures import task_queue as task_queue
+
+# The fixtures are pytest's; the modes themselves are not: `with eager(...)` and
+# ManualQueue work under any test runner (Django's unittest-based one, with slotd[django]
+# and no pytest installed).
+if find_spec("pytest") is not None:
+    from slotd.testing.fixtures import pytest_configure as pytest_configure
+    from slotd.testing.fixtures import slotd_conn as slotd_conn
+    from slotd.testing.fixtures import slotd_eager as slotd_eager
+    from slotd.testing.fixtures import slotd_postgres as slotd_postgres
+    from slotd.testing.fixtures import slotd_registry as slotd_registry
+    from slotd.testing.fixtures import task_queue as task_queue
 from slotd.testing.hooks import _dispatch as _dispatch
 from slotd.testing.hooks import _hooked as _hooked
 from slotd.testing.inline import BlockedByTest, TaskFailed

@@ -133,6 +133,8 @@ class SlotdBackend(BaseTaskBackend):
     # Django's -100..100 is slotd's priority as is: a head start of priority x
     # SLOTD_PRIORITY_STEP, so urgent work goes first without starving the rest.
     supports_priority = True
+    # MAX_ATTEMPTS when OPTIONS does not say (testing.EagerBackend runs a task once).
+    default_max_attempts = DEFAULT_MAX_ATTEMPTS
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
@@ -159,7 +161,7 @@ class SlotdBackend(BaseTaskBackend):
             ceiling = parse_duration(own.get("CEILING", DEFAULT_CEILING), name="CEILING")
             if ceiling <= timedelta(0):
                 raise ConfigError(f"queue {name!r}: CEILING must be positive")
-            attempts = own.get("MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS)
+            attempts = own.get("MAX_ATTEMPTS", self.default_max_attempts)
             if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
                 raise ConfigError(f"queue {name!r}: MAX_ATTEMPTS must be a whole number >= 1")
             task_type = ANY_QUEUE_TYPE if name == ANY_QUEUE else task_type_for(name)
@@ -238,6 +240,10 @@ class SlotdBackend(BaseTaskBackend):
         """Write the queue row and the result row in the caller's transaction on Django's
         connection: inside `transaction.atomic()` they commit or roll back with the business
         write; in autocommit mode they commit together, at once."""
+        return self.write(task, args, kwargs)[0]
+
+    def write(self, task: Task, args: Any, kwargs: Any) -> tuple[TaskResult, int]:
+        """enqueue(), and the id of the slotd task that delivers the result."""
         self.validate_task(task)
         # Django's own rule (JSON round trip) applied before anything is written.
         args, kwargs = normalize_json(args), normalize_json(kwargs)
@@ -311,7 +317,7 @@ class SlotdBackend(BaseTaskBackend):
             using=self.database,
             robust=True,
         )
-        return result
+        return result, task_id
 
     def get_result(self, result_id: str) -> TaskResult:
         return self.results.get(result_id)
