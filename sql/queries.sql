@@ -1823,7 +1823,8 @@ LIMIT %(limit)s
 -- One task, with the replica and slot holding its lease as its replica last said; its
 -- state ({task_state}), what it waits for (sql/072), how many steps it stored (sql/070:
 -- the page reads them a page at a time, dash_steps), when it ended (a dead letter: when it
--- stopped) and when its first remembered attempt started (sql/030's index, one entry).
+-- stopped) and when its first remembered attempt started (sql/030's index, one entry); its
+-- sequence, place, whether it waits its turn, and who halted the sequence (sql/080).
 SELECT t.id, t.task_type, {task_key} AS key, t.payload, {shown_run_at},
        {attempts_made} AS attempt_count, t.max_attempts, t.lease_token IS NOT NULL AS leased,
        t.lease_expires_at, t.last_error, t.last_attempted_at, t.created_at, now() AS db_now,
@@ -1833,7 +1834,9 @@ SELECT t.id, t.task_type, {task_key} AS key, t.payload, {shown_run_at},
        t.snoozes, coalesce(jsonb_array_length(t.steps), 0) AS step_count,
        CASE WHEN {dead} THEN {retired_at} END AS ended_at,
        (SELECT a.started_at FROM slotd_attempts a WHERE a.task_id = t.id
-        ORDER BY a.id LIMIT 1) AS first_started_at
+        ORDER BY a.id LIMIT 1) AS first_started_at,
+       t.sequence, t.sequence_pos, t.sequence_waiting,
+       (SELECT q.halted_by FROM slotd_sequences q WHERE q.name = t.sequence) AS sequence_halted_by
 FROM slotd_tasks t
 LEFT JOIN LATERAL (
     SELECT r.hostname, r.pid, (r.leases ->> t.id::text)::int AS slot

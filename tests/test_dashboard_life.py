@@ -171,3 +171,17 @@ def test_a_tasks_attempts_are_read_by_their_index(conn: psycopg.Connection[Any])
     params = {"id": 7, "before": None, "limit": 20, "error_chars": 100}
     plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql, params).fetchall())
     assert "Seq Scan" not in plan and "Sort" not in plan, plan
+
+
+def test_a_sequence_member_waits_its_turn(conn: psycopg.Connection[Any], db_url: str) -> None:
+    head = slotd.enqueue(conn, "life.order", {}, sequence="customer:7")
+    follower = slotd.enqueue(conn, "life.order", {}, sequence="customer:7")
+    with make_client(db_url) as client:
+        page = client.get(f"/tasks/{follower}").text
+        assert '<span class="state state-waiting">waiting</span>' in page
+        assert re.search(r'id="sequence">customer:7 <span class="hint">\(place \d+\)', page)
+        assert 'id="wake">in sequence customer:7 <span class="hint">(due when' in page
+        assert 'id="due">when its turn in its sequence comes<' in page
+        assert "after its parents" not in page
+        assert 'id="wake"' not in client.get(f"/tasks/{head}").text  # the head is due
+        client.app.state.dashboard.close()  # type: ignore[attr-defined]

@@ -283,6 +283,8 @@ def _waits_for(row: dict[str, Any]) -> dict[str, Any] | None:
         return {"kind": "event", "event": row["wait_event"], "step": row["wait_step"], "wake": wake}
     if row.get("wait_step"):
         return {"kind": "sleep", "event": None, "step": row["wait_step"], "wake": wake}
+    if row.get("sequence_waiting"):  # its turn in its sequence (sql/080)
+        return {"kind": "sequence", "event": None, "step": None, "wake": None}
     return {"kind": "parents", "event": None, "step": None, "wake": None}
 
 
@@ -321,6 +323,8 @@ def _live_task(row: dict[str, Any]) -> None:
         row["due_in"] = None  # it never runs again unless retried
     elif row["run_at"] is None and row["wait_event"]:  # an event wait without a timeout
         row["due_in"] = "when its event is emitted"
+    elif row["run_at"] is None and row["sequence_waiting"]:
+        row["due_in"] = "when its turn in its sequence comes"
     elif row["run_at"] is None:  # a dependant waiting on its parents (sql/019)
         row["due_in"] = "after its parents"
     else:
