@@ -184,3 +184,29 @@ seq_state AS (
     WHERE st.halted_by IS NULL AND t.id = nx.id AND t.sequence_waiting
     RETURNING t.id, pg_notify('slotd_wake', '') AS woken
 )
+
+-- name: debounce_lock
+-- A debounced enqueue (enqueue(..., key=K, debounce=td), slotd/producer/debounce.py),
+-- first, in its own statement: the key's lock, held to the enqueuer's commit, so two
+-- producers of one burst never both insert (the second one's push, in a new statement after
+-- the wait, sees the first one's row; pg-boss #414 made several jobs of one key under load).
+SELECT pg_advisory_xact_lock(
+    hashtextextended('slotd.debounce:' || %(task_type)s || ':' || %(key)s, 0))
+
+-- name: debounce_push
+-- Then: the key's task that has not started (a debounced row is unique="pending": its claim
+-- gives the key up, so an enqueue while it runs queues one more) takes this enqueue's
+-- payload (unless keep_first) and is due `delay_s` from now, but never later than `max_s`
+-- after the burst's first enqueue (created_at); its priority's head start kept. Locked by
+-- the update, so a claim passes it over until the enqueuer commits. No row: insert one.
+UPDATE slotd_tasks t
+SET payload = CASE WHEN %(keep_first)s::bool THEN t.payload ELSE %(payload)s::jsonb END,
+    run_at = least(now() + make_interval(secs => %(delay_s)s),
+                   coalesce(t.created_at + make_interval(secs => %(max_s)s), 'infinity')),
+    order_at = least(now() + make_interval(secs => %(delay_s)s),
+                     coalesce(t.created_at + make_interval(secs => %(max_s)s), 'infinity'))
+               - {head_start}
+WHERE t.task_type = %(task_type)s AND t.key = %(key)s AND t.unique_pending
+  AND t.lease_token IS NULL AND t.attempt_count < t.max_attempts AND {unexpired}
+  AND isfinite(t.run_at)
+RETURNING t.id

@@ -13,8 +13,9 @@ import psycopg
 
 from slotd import integrations, repository
 from slotd.config import max_attempts_from_env, max_attempts_value, priority_step
+from slotd.producer import debounce as debouncing
 from slotd.producer import sequences
-from slotd.producer.targets import async_target, sync_target
+from slotd.producer.targets import async_target, held_async, sync_target
 from slotd.repository import NewTask
 from slotd.repository.batches import join_batch, join_batch_async
 from slotd.repository.dependencies import (
@@ -155,6 +156,7 @@ def write_many(
     """enqueue_many's writes, on a target and schema already resolved; `batch_id`: the rows
     join that batch (slotd.batch, whose block holds the transaction)."""
     names = sequences.names_of(rows, parents)
+    marks = debouncing.checked(rows, parents, batch_id)
     with upgrades.migrated(), _sending(rows) as send:
         trace = send.context if send else None
         insert = {
@@ -164,7 +166,9 @@ def write_many(
             "unique": unique,
             "schema": schema,
         }
-        if not parents and any(names):
+        if any(marks):  # under each debounced key's lock (slotd/producer/debounce.py)
+            ids = debouncing.write(target, rows, marks, insert, schema)
+        elif not parents and any(names):
             # Sequences (sql/080): their rows locked and places drawn before the insert.
             with sequences.entered(target, names, schema) as place:
                 ids = repository.enqueue_many(target, rows, **insert)
@@ -205,6 +209,9 @@ def enqueue(
     run_at: datetime | None = None,
     tags: Sequence[str] | None = None,
     sequence: str | None = None,
+    debounce: timedelta | float | None = None,
+    debounce_max: timedelta | float | None = None,
+    debounce_keep: str = "last",
 ) -> EnqueuedId:
     """Write one task and return its id, or the id of the live row with the same key
     (unique="pending": of the row with the key that has not started; a running one lets
@@ -215,10 +222,26 @@ def enqueue(
     `run_at`: due at this aware datetime (not with `delay`; naive is a ValueError);
     `tags`: strings to find it by (slotd.tasks(tag=...)). `sequence`: the tasks of one
     sequence run one at a time, across the fleet, in the order their enqueues committed
-    (docs/how-to/order.md)."""
+    (docs/how-to/order.md). `debounce` (with `key`): one run, this long after the key's
+    last enqueue, with the last payload (`debounce_keep="first"`: the first), at most
+    `debounce_max` after the burst's first enqueue; every enqueue of the burst returns the
+    same id, one while it runs queues one more (docs/how-to/order.md)."""
     target = sync_target(conn, "slotd.enqueue")
     new = NewTask(
-        task_type, payload, delay, key, priority, group, unique, expires_in, run_at, tags, sequence
+        task_type,
+        payload,
+        delay,
+        key,
+        priority,
+        group,
+        unique,
+        expires_in,
+        run_at,
+        tags,
+        sequence,
+        debounce,
+        debounce_max,
+        debounce_keep,
     )
     return enqueue_many(target, [new], max_attempts=max_attempts, schema=schema, after=after)[0]
 
@@ -253,6 +276,7 @@ async def write_many_async(
 ) -> list[EnqueuedId]:
     """write_many from asyncio."""
     names = sequences.names_of(rows, parents)
+    marks = debouncing.checked(rows, parents, batch_id)
     with upgrades.migrated(), _sending(rows) as send:
         trace = send.context if send else None
         insert = {
@@ -262,9 +286,10 @@ async def write_many_async(
             "unique": unique,
             "schema": schema,
         }
-        if not parents and any(names):
-            session = target if isinstance(target, psycopg.AsyncConnection) else target.connection
-            async with session.transaction():
+        if any(marks):
+            ids = await debouncing.write_async(target, rows, marks, insert, schema)
+        elif not parents and any(names):
+            async with held_async(target):
                 places = await sequences.enter_async(target, names, schema)
                 ids = await repository.enqueue_many_async(target, rows, **insert)
                 await sequences.join_async(target, ids, names, places, schema)
@@ -302,11 +327,27 @@ async def enqueue_async(
     run_at: datetime | None = None,
     tags: Sequence[str] | None = None,
     sequence: str | None = None,
+    debounce: timedelta | float | None = None,
+    debounce_max: timedelta | float | None = None,
+    debounce_keep: str = "last",
 ) -> EnqueuedId:
     """enqueue from asyncio; see enqueue and enqueue_many_async."""
     target = await async_target(conn, "slotd.enqueue_async")
     new = NewTask(
-        task_type, payload, delay, key, priority, group, unique, expires_in, run_at, tags, sequence
+        task_type,
+        payload,
+        delay,
+        key,
+        priority,
+        group,
+        unique,
+        expires_in,
+        run_at,
+        tags,
+        sequence,
+        debounce,
+        debounce_max,
+        debounce_keep,
     )
     many = enqueue_many_async(target, [new], max_attempts=max_attempts, schema=schema, after=after)
     return (await many)[0]

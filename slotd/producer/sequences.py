@@ -9,9 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import psycopg
-
-from slotd.producer.targets import async_target, sync_target
+from slotd.producer.targets import async_target, held, held_async, sync_target
 from slotd.repository import NewTask
 from slotd.repository import sequences as stored
 from slotd.repository.named import resolve_schema
@@ -35,11 +33,10 @@ def names_of(rows: Sequence[NewTask], parents: Sequence[int]) -> list[str | None
 def entered(
     target: Any, names: list[str | None], schema: str
 ) -> Iterator[Callable[[Sequence[int]], None]]:
-    """Around an enqueue's insert: the sequences' rows locked and places drawn first (in a
-    savepoint of the caller's transaction, or a transaction of its own on an autocommit
-    connection: the lock must last to the commit), and a function to place the new ids."""
-    session = target if isinstance(target, psycopg.Connection) else target.connection
-    with session.transaction():
+    """Around an enqueue's insert: the sequences' rows locked and places drawn first (in
+    the caller's transaction, or one of its own on an autocommit connection: the lock must
+    last to the commit), and a function to place the new ids."""
+    with held(target):
         places = stored.enter(target, names, schema=schema)
 
         def place(ids: Sequence[int]) -> None:
@@ -72,8 +69,7 @@ def resume_sequence(conn: Any, name: str, *, schema: str | None = None) -> bool:
     """Resume a sequence halted by a member that ended failed: its next member becomes
     due (the failed one stays a dead letter). False when it was not halted."""
     target = sync_target(conn, "slotd.resume_sequence")
-    session = target if isinstance(target, psycopg.Connection) else target.connection
-    with session.transaction():  # the halt cleared and the next made due under one lock
+    with held(target):  # the halt cleared and the next made due under one lock
         resumed = stored.resume(target, [name], schema=resolve_schema(schema))
     if resumed:
         log.info("resumed sequence %s", name, extra={"sequence": name})
@@ -82,8 +78,7 @@ def resume_sequence(conn: Any, name: str, *, schema: str | None = None) -> bool:
 
 async def resume_sequence_async(conn: Any, name: str, *, schema: str | None = None) -> bool:
     target = await async_target(conn, "slotd.resume_sequence_async")
-    session = target if isinstance(target, psycopg.AsyncConnection) else target.connection
-    async with session.transaction():
+    async with held_async(target):
         resumed = await stored.resume_async(target, [name], schema=resolve_schema(schema))
     if resumed:
         log.info("resumed sequence %s", name, extra={"sequence": name})

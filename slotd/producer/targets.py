@@ -5,6 +5,7 @@ is never imported here unless the caller already uses it."""
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from typing import Any
 
 import psycopg
@@ -108,3 +109,17 @@ def _check_driver(dialect: Any, api: str) -> None:
             f"{api} needs SQLAlchemy's psycopg driver (postgresql+psycopg://); this engine "
             f"uses {dialect.name}+{dialect.driver}"
         )
+
+
+def held(target: Executor) -> AbstractContextManager[Any]:
+    """Around statements that must share one transaction (a lock taken by the first held to
+    the commit): the caller's own, as it is; a transaction of its own on an autocommit
+    connection. Never `transaction()` on a connection in a transaction's mode: with no
+    statement run yet it would BEGIN and COMMIT the caller's transaction itself."""
+    conn = target if isinstance(target, psycopg.Connection) else target.connection
+    return conn.transaction() if conn.autocommit else nullcontext()
+
+
+def held_async(target: AsyncExecutor) -> AbstractAsyncContextManager[Any]:
+    conn = target if isinstance(target, psycopg.AsyncConnection) else target.connection
+    return conn.transaction() if conn.autocommit else nullcontext()

@@ -60,6 +60,11 @@ class NewTask:
     # The sequence it runs in (sql/080): one at a time, in the order of the enqueues'
     # commits. None: none.
     sequence: str | None = None
+    # Debounce (with a key): one run this long after the key's last enqueue, with the last
+    # payload ("first": the first), at most debounce_max after the burst's first enqueue.
+    debounce: timedelta | float | None = None
+    debounce_max: timedelta | float | None = None
+    debounce_keep: str = "last"
 
 
 def _run_at(row: NewTask) -> datetime | None:
