@@ -57,7 +57,12 @@ def settings_from(ctx: click.Context) -> Settings:
 
 @click.group(cls=SlotdGroup)
 @click.version_option(slotd.__version__, prog_name="slotd")
-@click.option("--log-format", type=click.Choice(["text", "json"]), default=None)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default=None,
+    help="How the log is written (default SLOTD_LOG_FORMAT, else text).",
+)
 @click.pass_context
 def main(ctx: click.Context, log_format: str | None) -> None:
     """slotd: a durable PostgreSQL task queue and its worker daemon."""
@@ -91,7 +96,7 @@ def main(ctx: click.Context, log_format: str | None) -> None:
 @click.pass_context
 def migrate(ctx: click.Context, force: bool, lock_timeout: str, wait: str) -> None:
     """Create or upgrade the schema (safe to run twice, from two hosts at once, and under
-    a live fleet: see README, Upgrading)."""
+    a live fleet: see the Upgrade guide)."""
     settings = settings_from(ctx)
     bound = parse_duration(lock_timeout, name="--lock-timeout")
     patience = parse_duration(wait, name="--wait")

@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
+from slotd.environment import BY_NAME
+from slotd.environment import DEFAULT_METRICS_ADDR as DEFAULT_METRICS_ADDR
 from slotd.errors import ConfigError
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
@@ -52,6 +54,18 @@ def _env(name: str, *fallbacks: str) -> str | None:
     return None
 
 
+def _raw(name: str) -> str | None:
+    """Declared variable `name` as set (or its fallback: DATABASE_URL), else None. Every
+    setting is read through its declaration in slotd/environment.py, which the settings
+    reference is generated from, so an undeclared name fails at once (KeyError)."""
+    variable = BY_NAME[name]
+    return _env(variable.name, *variable.fallback)
+
+
+def _default(name: str) -> str:
+    return BY_NAME[name].default
+
+
 def whole_number(raw: str, name: str, minimum: int = 0) -> int:
     """The one reading of a whole-number setting, wherever it is read: digits only
     (surrounding blanks allowed), at least `minimum`; else ConfigError (a ValueError)."""
@@ -75,20 +89,15 @@ def max_attempts_value(value: object, name: str = "max_attempts") -> int:
 
 def max_attempts_from_env() -> int:
     """SLOTD_MAX_ATTEMPTS as every process reads it (the worker, the CLI, a producer)."""
-    return _int("SLOTD_MAX_ATTEMPTS", 20, minimum=1)
+    return _int("SLOTD_MAX_ATTEMPTS", minimum=1)
 
 
-def _int(name: str, default: int, minimum: int = 0) -> int:
-    raw = _env(name)
-    if raw is None:
-        return default
-    return whole_number(raw, name, minimum)
+def _int(name: str, minimum: int = 0) -> int:
+    return whole_number(_raw(name) or _default(name), name, minimum)
 
 
-def _float(name: str, default: float, low: float = 0.0, high: float = 1.0) -> float:
-    raw = _env(name)
-    if raw is None:
-        return default
+def _float(name: str, low: float = 0.0, high: float = 1.0) -> float:
+    raw = _raw(name) or _default(name)
     try:
         value = float(raw)
     except ValueError:
@@ -98,26 +107,24 @@ def _float(name: str, default: float, low: float = 0.0, high: float = 1.0) -> fl
     return value
 
 
-def _on_off(name: str, default: bool) -> bool:
-    raw = _env(name)
-    if raw is None:
-        return default
+def _on_off(name: str) -> bool:
+    raw = _raw(name) or _default(name)
     value = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
     if raw.strip().lower() not in value:
         raise ConfigError(f"bad {name} {raw!r}: use on or off")
     return value[raw.strip().lower()]
 
 
-def _duration(name: str, default: str) -> timedelta:
-    return parse_duration(_env(name) or default, name=name)
+def _duration(name: str) -> timedelta:
+    return parse_duration(_raw(name) or _default(name), name=name)
 
 
 def priority_step() -> timedelta:
     """SLOTD_PRIORITY_STEP: read by producers at every enqueue and by workers at start."""
-    return _duration("SLOTD_PRIORITY_STEP", "1s")
+    return _duration("SLOTD_PRIORITY_STEP")
 
 
-DEFAULT_SCHEMA = "public"
+DEFAULT_SCHEMA = _default("SLOTD_SCHEMA")
 # A schema name as slotd accepts it: a plain lower-case identifier (quoted where used all
 # the same, so a reserved word works). At most 48 bytes so that every channel name made
 # from it (`slotd_control.<schema>`) stays inside PostgreSQL's 63-byte identifiers;
@@ -138,13 +145,11 @@ def validate_schema(name: object, *, source: str = "SLOTD_SCHEMA") -> str:
 def default_schema() -> str:
     """SLOTD_SCHEMA as every process reads it (the daemon, a command, a producer that
     names none), else public."""
-    raw = (os.environ.get("SLOTD_SCHEMA") or "").strip()
+    raw = (_raw("SLOTD_SCHEMA") or "").strip()
     return validate_schema(raw) if raw else DEFAULT_SCHEMA
 
 
 DEFAULT_KILL_GRACE = timedelta(seconds=5)
-# /metrics, /healthz and /readyz when SLOTD_METRICS_ADDR is not set.
-DEFAULT_METRICS_ADDR = "127.0.0.1:9464"
 
 
 @dataclass(frozen=True)
@@ -225,47 +230,47 @@ class Settings:
     @classmethod
     def from_env(cls) -> Settings:
         settings = cls(
-            database_url=_env("SLOTD_DATABASE_URL", "DATABASE_URL"),
-            database_url_read=_env("SLOTD_DATABASE_URL_READ", "DATABASE_URL_READ"),
-            database_url_listen=_env("SLOTD_DATABASE_URL_LISTEN"),
-            prepare=(_env("SLOTD_PREPARE") or "auto").strip().lower(),
-            slots=_int("SLOTD_SLOTS", 4, minimum=1),
-            poll_interval=_duration("SLOTD_POLL_INTERVAL", "5s"),
-            lease_margin=_duration("SLOTD_LEASE_MARGIN", "30s"),
+            database_url=_raw("SLOTD_DATABASE_URL"),
+            database_url_read=_raw("SLOTD_DATABASE_URL_READ"),
+            database_url_listen=_raw("SLOTD_DATABASE_URL_LISTEN"),
+            prepare=(_raw("SLOTD_PREPARE") or _default("SLOTD_PREPARE")).strip().lower(),
+            slots=_int("SLOTD_SLOTS", minimum=1),
+            poll_interval=_duration("SLOTD_POLL_INTERVAL"),
+            lease_margin=_duration("SLOTD_LEASE_MARGIN"),
             max_attempts=max_attempts_from_env(),
-            backoff_base=_duration("SLOTD_BACKOFF_BASE", "15s"),
-            backoff_cap=_duration("SLOTD_BACKOFF_CAP", "10m"),
-            backoff_jitter=_float("SLOTD_BACKOFF_JITTER", 0.1),
-            retention=_duration("SLOTD_RETENTION", "7d"),
-            keep_history=_duration("SLOTD_KEEP_HISTORY", "0s") or None,
-            shutdown_grace=_duration("SLOTD_SHUTDOWN_GRACE", "25s"),
+            backoff_base=_duration("SLOTD_BACKOFF_BASE"),
+            backoff_cap=_duration("SLOTD_BACKOFF_CAP"),
+            backoff_jitter=_float("SLOTD_BACKOFF_JITTER"),
+            retention=_duration("SLOTD_RETENTION"),
+            keep_history=_duration("SLOTD_KEEP_HISTORY") or None,
+            shutdown_grace=_duration("SLOTD_SHUTDOWN_GRACE"),
             kill_grace_setting=(
-                _duration("SLOTD_KILL_GRACE", "5s") if _env("SLOTD_KILL_GRACE") else None
+                _duration("SLOTD_KILL_GRACE") if _raw("SLOTD_KILL_GRACE") else None
             ),
-            statement_timeout=_duration("SLOTD_STATEMENT_TIMEOUT", "30s"),
-            heartbeat_interval=_duration("SLOTD_HEARTBEAT_INTERVAL", "30s"),
-            lock_timeout=_duration("SLOTD_LOCK_TIMEOUT", "5s"),
-            horizon_warn=_duration("SLOTD_HORIZON_WARN", "5m"),
-            start_wait=_duration("SLOTD_START_WAIT", "10s"),
-            synchronous_commit=_on_off("SLOTD_SYNCHRONOUS_COMMIT", True),
+            statement_timeout=_duration("SLOTD_STATEMENT_TIMEOUT"),
+            heartbeat_interval=_duration("SLOTD_HEARTBEAT_INTERVAL"),
+            lock_timeout=_duration("SLOTD_LOCK_TIMEOUT"),
+            horizon_warn=_duration("SLOTD_HORIZON_WARN"),
+            start_wait=_duration("SLOTD_START_WAIT"),
+            synchronous_commit=_on_off("SLOTD_SYNCHRONOUS_COMMIT"),
             priority_step=priority_step(),
             schema=default_schema(),
-            metrics_addr=_env("SLOTD_METRICS_ADDR"),
-            home=_env("SLOTD_HOME"),
-            log_format=(_env("SLOTD_LOG_FORMAT") or "text"),
-            runner_max_tasks=_int("SLOTD_RUNNER_MAX_TASKS", 0),
-            runner_max_rss_mib=_int("SLOTD_RUNNER_MAX_RSS_MIB", 0),
+            metrics_addr=_raw("SLOTD_METRICS_ADDR"),
+            home=_raw("SLOTD_HOME"),
+            log_format=(_raw("SLOTD_LOG_FORMAT") or _default("SLOTD_LOG_FORMAT")),
+            runner_max_tasks=_int("SLOTD_RUNNER_MAX_TASKS"),
+            runner_max_rss_mib=_int("SLOTD_RUNNER_MAX_RSS_MIB"),
             faults=Faults(
-                error=_float("SLOTD_FAULT_ERROR", 0.0),
-                latency=_float("SLOTD_FAULT_LATENCY", 0.0),
-                latency_seconds=_duration("SLOTD_FAULT_LATENCY_SECONDS", "1s").total_seconds(),
-                crash=_float("SLOTD_FAULT_CRASH", 0.0),
-                lost_settlement=_float("SLOTD_FAULT_LOST_SETTLEMENT", 0.0),
-                slot_crash=_float("SLOTD_FAULT_SLOT_CRASH", 0.0),
-                slot_crash_settled=_float("SLOTD_FAULT_SLOT_CRASH_SETTLED", 0.0),
-                answer_lost=_float("SLOTD_FAULT_ANSWER_LOST", 0.0),
+                error=_float("SLOTD_FAULT_ERROR"),
+                latency=_float("SLOTD_FAULT_LATENCY"),
+                latency_seconds=_duration("SLOTD_FAULT_LATENCY_SECONDS").total_seconds(),
+                crash=_float("SLOTD_FAULT_CRASH"),
+                lost_settlement=_float("SLOTD_FAULT_LOST_SETTLEMENT"),
+                slot_crash=_float("SLOTD_FAULT_SLOT_CRASH"),
+                slot_crash_settled=_float("SLOTD_FAULT_SLOT_CRASH_SETTLED"),
+                answer_lost=_float("SLOTD_FAULT_ANSWER_LOST"),
             ),
-            allow_faults=_env("SLOTD_ALLOW_FAULTS") == "1",
+            allow_faults=_raw("SLOTD_ALLOW_FAULTS") == "1",
         )
         return settings.validated()
 

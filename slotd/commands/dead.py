@@ -52,7 +52,8 @@ def dead() -> None:
 @dead.command("list")
 @click.option("--type", "task_type", help="Only this task type.")
 @click.option("--id", "ids", type=TASK_ID, multiple=True, help="Only these ids (repeatable).")
-@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True,
+              help="At most this many, newest first.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="A JSON array, for scripts.")
 @click.pass_context
 def dead_list(
