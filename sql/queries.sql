@@ -1079,11 +1079,14 @@ LIMIT %(limit)s
 -- slotd.tasks: the queue's rows (live and dead letters; a succeeded task is gone) matching
 -- every filter given, newest first. A tag is found through slotd_tasks_tags (sql/040), a
 -- type through the type-led indexes; a state alone reads the table (an operator's look).
+-- `before`: the next page starts below the previous page's last id (a keyset, as the
+-- dashboard pages), never an OFFSET.
 SELECT t.id, t.task_type, {task_key} AS key, {task_state} AS state, t.payload, t.tags,
        t.priority, t.task_group, {attempts_made} AS attempts, t.max_attempts, {shown_run_at},
        t.created_at, t.last_error, {dead_reason} AS dead_reason
 FROM slotd_tasks t
 WHERE (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
+  AND (%(before)s::bigint IS NULL OR t.id < %(before)s)
   AND (%(key)s::text IS NULL OR t.key = %(key)s OR t.started_key = %(key)s)
   AND (%(tag)s::text IS NULL OR (t.tags IS NOT NULL AND t.tags @> ARRAY[%(tag)s::text]))
   AND (%(state)s::text IS NULL OR {task_state} = %(state)s)

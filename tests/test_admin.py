@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 import slotd
+from slotd.repository import admin
 from tests.daemon import ROOT
 
 
@@ -58,6 +59,24 @@ def test_tasks_lists_by_type_state_key_and_tag(conn: psycopg.Connection[Any]) ->
         slotd.tasks(conn, state="done")
     with pytest.raises(ValueError, match=r"limit must be a whole number"):
         slotd.tasks(conn, limit=0)
+
+
+def test_the_dashboards_search_by_tag_pages_newest_first(conn: psycopg.Connection[Any]) -> None:
+    # slotd.repository.admin.tasks_tagged: the query the dashboard's tag search calls.
+    ids = [slotd.enqueue(conn, "mail", {"n": n}, tags=["tenant:7"]) for n in range(5)]
+    slotd.enqueue(conn, "mail", {"n": 9}, tags=["tenant:8"])
+    first = admin.tasks_tagged(conn, "tenant:7", limit=2)
+    assert [t.id for t in first] == [ids[4], ids[3]]
+    rest = admin.tasks_tagged(conn, "tenant:7", before=first[-1].id, limit=10)
+    assert [t.id for t in rest] == [ids[2], ids[1], ids[0]]
+    assert admin.tasks_tagged(conn, "tenant:7", before=ids[0]) == []
+    assert [t.id for t in slotd.tasks(conn, tag="tenant:7", before=ids[2])] == ids[1::-1]
+    slotd.cancel(conn, ids[1])
+    assert [t.id for t in admin.tasks_tagged(conn, "tenant:7", state="cancelled")] == [ids[1]]
+    with pytest.raises(ValueError, match=r"give the tag"):
+        admin.tasks_tagged(conn, "")
+    with pytest.raises(TypeError, match=r"before must be a task id"):
+        slotd.tasks(conn, before="7")  # type: ignore[arg-type]
 
 
 def test_retry_and_purge_a_dead_letter_in_the_callers_transaction(

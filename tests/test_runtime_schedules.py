@@ -112,6 +112,12 @@ def test_two_replicas_fire_each_fire_time_once(
         conn, "tick", task_type="typed.tick", every=timedelta(seconds=1), payload={"who": "runtime"}
     )
     wait_for(lambda: len(_fires(conn)) >= 6, timeout=60, what="six fires")
+    # both replicas' schedule threads were there to race for each fire time
+    firing = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE application_name = 'slotd runtime schedules' AND datname = current_database()"
+    ).fetchone()[0]
+    assert firing == 2
     assert slotd.delete_schedule(conn, "tick")
     fires = _fires(conn)
     times = [datetime.fromisoformat(f) for f, _ in fires]

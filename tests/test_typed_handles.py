@@ -135,7 +135,7 @@ def test_a_payload_its_model_refuses_is_discarded_once_never_retried(
 
 
 def test_mypy_accepts_correct_calls_and_rejects_a_wrong_payload_type() -> None:
-    pytest.importorskip("mypy")
+    # mypy is in the `test` extra: a missing one fails here, never skips the check.
     checked = ROOT / "tests" / "typecheck"
     run = subprocess.run(
         [
@@ -152,6 +152,7 @@ def test_mypy_accepts_correct_calls_and_rejects_a_wrong_payload_type() -> None:
         text=True,
         cwd=ROOT,
     )
+    assert run.returncode == 1, run.stdout + run.stderr  # 1: type errors found (2: mypy failed)
     errors = [line for line in run.stdout.splitlines() if ": error:" in line]
     wrong = (checked / "handles_wrong.py").read_text().splitlines()
     expected = {n + 1 for n, text in enumerate(wrong) if "# WRONG" in text}

@@ -21,12 +21,14 @@ def tasks(
     key: str | None = None,
     tag: str | None = None,
     limit: int = 100,
+    before: int | None = None,
     schema: str | None = None,
 ) -> list[TaskInfo]:
     """Tasks matching every filter given, newest first, at most `limit`: live ones and dead
     letters (a succeeded task is gone from the queue; see slotd.result). `state`: one of
-    scheduled, pending, running, retrying, waiting, failed, cancelled, expired."""
-    params = admin.list_params(type, state, key, tag, limit)
+    scheduled, pending, running, retrying, waiting, failed, cancelled, expired. `before`:
+    only ids below it, for the next page (the last id of this one)."""
+    params = admin.list_params(type, state, key, tag, limit, before)
     return admin.task_list(sync_target(conn, "slotd.tasks"), params, resolve_schema(schema))
 
 
@@ -38,10 +40,11 @@ async def tasks_async(
     key: str | None = None,
     tag: str | None = None,
     limit: int = 100,
+    before: int | None = None,
     schema: str | None = None,
 ) -> list[TaskInfo]:
     """tasks from asyncio."""
-    params = admin.list_params(type, state, key, tag, limit)
+    params = admin.list_params(type, state, key, tag, limit, before)
     target = await async_target(conn, "slotd.tasks_async")
     return await admin.task_list_async(target, params, resolve_schema(schema))
 

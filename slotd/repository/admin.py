@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from slotd.config import priority_step
-from slotd.repository.named import AsyncExecutor, Executor, _sql
+from slotd.repository.named import AsyncExecutor, Executor, _sql, resolve_schema
 from slotd.repository.states import STATES as ALL_STATES
 from slotd.repository.states import State
 
@@ -41,9 +41,16 @@ class TaskInfo:
 
 
 def list_params(
-    task_type: str | None, state: str | None, key: str | None, tag: str | None, limit: int
+    task_type: str | None,
+    state: str | None,
+    key: str | None,
+    tag: str | None,
+    limit: int,
+    before: int | None = None,
 ) -> dict[str, Any]:
     """The filters, checked before anything is sent."""
+    if before is not None and (isinstance(before, bool) or not isinstance(before, int)):
+        raise TypeError("tasks: before must be a task id (an int)")
     if state is not None and state not in STATES:
         raise ValueError(f"tasks: state must be one of {', '.join(STATES)}; not {state!r}")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIMIT_MAX:
@@ -51,7 +58,14 @@ def list_params(
     for name, value in (("type", task_type), ("key", key), ("tag", tag)):
         if value is not None and not isinstance(value, str):
             raise TypeError(f"tasks: {name} must be a string")
-    return {"task_type": task_type, "state": state, "key": key, "tag": tag, "limit": limit}
+    return {
+        "task_type": task_type,
+        "state": state,
+        "key": key,
+        "tag": tag,
+        "limit": limit,
+        "before": before,
+    }
 
 
 def _info(row: tuple[Any, ...]) -> TaskInfo:
@@ -62,6 +76,26 @@ def _info(row: tuple[Any, ...]) -> TaskInfo:
 
 def task_list(target: Executor, params: dict[str, Any], schema: str) -> list[TaskInfo]:
     return [_info(r) for r in target.execute(_sql("task_list", schema), params).fetchall()]
+
+
+def tasks_tagged(
+    conn: Executor,
+    tag: str,
+    *,
+    task_type: str | None = None,
+    state: str | None = None,
+    before: int | None = None,
+    limit: int = 50,
+    schema: str | None = None,
+) -> list[TaskInfo]:
+    """The dashboard's search by tag: one page of the tasks carrying `tag` (live ones and
+    dead letters), newest first, found through the tags index (sql/040); the next page is
+    `before=` the last one's id. `conn`: a psycopg Connection or Cursor (a read replica
+    will do: it only reads)."""
+    if not isinstance(tag, str) or not tag:
+        raise ValueError("tasks_tagged: give the tag to search for")
+    params = list_params(task_type, state, None, tag, limit, before)
+    return task_list(conn, params, resolve_schema(schema))
 
 
 async def task_list_async(
