@@ -12,6 +12,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Minutes, not seconds: deselected from the default run (pyproject's addopts), run by
+# .ci/run as `python3 -m pytest -q -m bench`.
+pytestmark = pytest.mark.bench
+
 
 # `--quick`: every step of the bench at small counts, peers and pgbench included, so a change
 # that breaks any of them (the pgbench floor stopped binding its parameters once, unseen)
