@@ -160,3 +160,33 @@ def test_mypy_accepts_correct_calls_and_rejects_a_wrong_payload_type() -> None:
     assert not [e for e in errors if "handles_ok.py" in e], run.stdout
     assert found == expected, run.stdout
     assert all("incompatible type" in e and 'expected "Invoice"' in e for e in errors), run.stdout
+
+
+def test_pydantic_is_never_imported_by_dataclass_or_typeddict_handles(db_url: str) -> None:
+    # pydantic is optional: a project of dataclasses and TypedDicts never loads it, neither
+    # declaring, enqueueing, nor building the model a handler is handed.
+    code = f"""
+import sys, dataclasses, typing
+from datetime import timedelta
+import psycopg, slotd
+from slotd.typed.models import PayloadModel
+
+@dataclasses.dataclass
+class A:
+    n: int
+
+class B(typing.TypedDict):
+    s: str
+
+registry = slotd.Registry()
+a = registry.handler("a", ceiling=timedelta(seconds=1), payload=A)(lambda t, c: None)
+b = registry.handler("b", ceiling=timedelta(seconds=1), payload=B)(lambda t, c: None)
+with psycopg.connect({db_url!r}, autocommit=True) as conn:
+    a.enqueue(conn, A(n=1))
+    b.enqueue_many(conn, [{{"s": "x"}}])
+assert PayloadModel(A).load({{"n": 2}}, "a") == A(n=2)
+print("pydantic" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
