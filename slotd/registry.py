@@ -8,7 +8,7 @@ import inspect
 import re
 import sysconfig
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -84,6 +84,8 @@ class Handler:
     # A task of a sequence (enqueue(sequence=)) that ends failed: "halt" its sequence until
     # an operator resumes it (`slotd sequences resume`), or "continue" with the next task.
     sequence_on_failure: str = "halt"
+    # Limits shared with other types (Registry.limit), by name.
+    shared_limits: tuple[str, ...] = ()
 
     def limits(self) -> tuple[int | None, float | None, float | None]:
         """As plain numbers, for the runner's hello to its slot."""
@@ -167,6 +169,26 @@ _Derived = tuple[
 SEQUENCE_ON_FAILURE = ("halt", "continue")
 
 
+@dataclass(frozen=True)
+class SharedLimit:
+    """A limit several types share (Registry.limit): fleet-wide, counted over all of them."""
+
+    name: str
+    max_running: int | None = None
+    max_running_per_group: int | None = None
+    rate: Rate | None = None
+
+    @property
+    def key(self) -> str:
+        """Its claim lock's key and its rate window's type: '@name' (never a type's name)."""
+        return "@" + self.name
+
+
+# One row per (type, shared limit it is under): the claim's and the discovery's arrays
+# (slotd.repository.queue.limit_params), sorted by type.
+SharedRow = tuple[str, str, int | None, int | None, int | None, float | None]
+
+
 class Registry:
     """What this replica can run. A ceiling is required: it is the handler's deadline and,
     plus the margin, the lease and so the crash-recovery wait for the type."""
@@ -182,6 +204,68 @@ class Registry:
         # What every claim reads, computed once per set of types: handlers are only ever
         # added (a name registers once), so the number of them says whether it is current.
         self._derived: _Derived = (-1, [], {}, {}, [])
+        self._limits: dict[str, SharedLimit] = {}
+
+    def limit(
+        self,
+        name: str,
+        *,
+        max_running: int | None = None,
+        max_running_per_group: int | None = None,
+        rate: Rate | None = None,
+    ) -> SharedLimit:
+        """A limit shared by every type whose handler names it (`limits=[name]`), fleet-wide
+        and exact as a type's own: at most `max_running` of them under a live lease at once
+        (`max_running_per_group`: of one group), at most N starts in any window (`rate`:
+        (N, window)). Declare it before the handlers that use it."""
+        validate_type_name(name)
+        if name in self._limits:
+            raise ValueError(f"limit {name!r} is already declared")
+        shared = SharedLimit(
+            name,
+            _limit(f"limit {name}", "max_running", max_running),
+            _limit(f"limit {name}", "max_running_per_group", max_running_per_group),
+            _rate(f"limit {name}", "rate", rate),
+        )
+        if shared.max_running is None and shared.max_running_per_group is None and not rate:
+            raise ValueError(f"limit {name!r}: give max_running, max_running_per_group or rate")
+        self._limits[name] = shared
+        return shared
+
+    @property
+    def shared_limits(self) -> dict[str, SharedLimit]:
+        """The limits declared (shared: read it, do not change it)."""
+        return self._limits
+
+    def order_options(self) -> dict[str, Any]:
+        """The options of who runs next (#39) as plain data, for the runner's hello to its
+        slot, whose registry view claims and settles by them: the shared limits, and each
+        handler's sequence_on_failure and limits."""
+        return {
+            "limits": {
+                n: (lim.max_running, lim.max_running_per_group, lim.rate)
+                for n, lim in self._limits.items()
+            },
+            "handlers": {
+                name: {"sequence_on_failure": h.sequence_on_failure, "limits": h.shared_limits}
+                for name, h in self._handlers.items()
+            },
+        }
+
+    @property
+    def shared_rows(self) -> list[SharedRow]:
+        """(type, limit, max_running, max_running_per_group, rate N, rate window s) for each
+        served type under each shared limit it names."""
+        rows = []
+        for task_type in self.types:
+            for name in self._handlers[task_type].shared_limits:
+                lim = self._limits[name]
+                rate_n = lim.rate[0] if lim.rate else None
+                rate_s = lim.rate[1].total_seconds() if lim.rate else None
+                rows.append(
+                    (task_type, name, lim.max_running, lim.max_running_per_group, rate_n, rate_s)
+                )
+        return rows
 
     def register(
         self,
@@ -203,6 +287,7 @@ class Registry:
         keep_history: timedelta | None = None,
         payload: type[Any] | None = None,
         sequence_on_failure: str = "halt",
+        limits: Sequence[str] = (),
     ) -> HandlerFn:
         """`max_attempts`, `backoff_base`, `backoff_cap` override the worker's settings for
         this type; the worker that claims a task stamps its threshold on the row.
@@ -219,7 +304,8 @@ class Registry:
         `payload`: a dataclass, TypedDict or pydantic model; task.payload is one (see
         `handler`, which also returns a typed handle for enqueueing).
         `sequence_on_failure`: a task of a sequence that ends failed "halt"s its sequence
-        until an operator resumes it (default), or lets it "continue" with the next."""
+        until an operator resumes it (default), or lets it "continue" with the next.
+        `limits`: names of limits declared by `limit()`, shared with other types."""
         validate_type_name(name)
         if name in self._handlers:
             raise ValueError(f"task type {name!r} is already registered")
@@ -236,6 +322,7 @@ class Registry:
         if backoff_base and backoff_cap and backoff_cap < backoff_base:
             raise ValueError(f"task type {name!r}: backoff_cap is shorter than backoff_base")
         model = None if payload is None else _payload_model(name, payload)
+        shared = _shared(name, limits, self._limits)
         if sequence_on_failure not in SEQUENCE_ON_FAILURE:
             raise ValueError(
                 f"task type {name!r}: sequence_on_failure must be 'halt' or 'continue', got"
@@ -261,6 +348,7 @@ class Registry:
             keep_history,
             payload_model=model,
             sequence_on_failure=sequence_on_failure,
+            shared_limits=shared,
         )
         return fn
 
@@ -308,6 +396,7 @@ class Registry:
         keep_history: timedelta | None = None,
         payload: None = None,
         sequence_on_failure: str = "halt",
+        limits: Sequence[str] = (),
     ) -> Callable[[F], F]: ...
 
     @overload
@@ -330,6 +419,7 @@ class Registry:
         keep_history: timedelta | None = None,
         payload: type[P],
         sequence_on_failure: str = "halt",
+        limits: Sequence[str] = (),
     ) -> Callable[[Callable[[Task[P], Context], Any]], TaskHandle[P]]: ...
 
     def handler(
@@ -351,6 +441,7 @@ class Registry:
         keep_history: timedelta | None = None,
         payload: type[Any] | None = None,
         sequence_on_failure: str = "halt",
+        limits: Sequence[str] = (),
     ) -> Callable[[Any], Any]:
         """Register the decorated function (see `register`). Untyped, the function itself
         is returned; with `payload=Model`, a TaskHandle: still callable as the function,
@@ -375,6 +466,7 @@ class Registry:
                 keep_history=keep_history,
                 payload=payload,
                 sequence_on_failure=sequence_on_failure,
+                limits=limits,
             )
             model = self._handlers[name].payload_model
             return fn if model is None else TaskHandle(name, fn, model)
@@ -449,7 +541,7 @@ class Registry:
                 [h.name for h in handlers],
                 {h.name: (h.max_running, h.max_running_per_group) for h in handlers if h.limited},
                 {h.name: (h.rate, h.rate_per_group) for h in handlers if h.rated},
-                [h.name for h in handlers if h.limited or h.rated],
+                [h.name for h in handlers if h.limited or h.rated or h.shared_limits],
             )
         return derived
 
@@ -488,6 +580,19 @@ class Registry:
         """The types whose claims take the limit lock (claim_lock): limited or rated, sorted
         (shared: read it, do not change it)."""
         return self._current()[4]
+
+
+def _shared(name: str, limits: object, declared: dict[str, SharedLimit]) -> tuple[str, ...]:
+    """A handler's `limits=`: names of limits declared already, each once."""
+    if isinstance(limits, str) or not isinstance(limits, Sequence | tuple):
+        raise ValueError(f"task type {name!r}: limits must be a list of limit names")
+    unknown = [n for n in limits if n not in declared]
+    if unknown:
+        raise ValueError(
+            f"task type {name!r}: limits {unknown!r} not declared: call registry.limit(name,"
+            " ...) before the handlers that use it"
+        )
+    return tuple(dict.fromkeys(limits))
 
 
 def _payload_model(name: str, model: object) -> PayloadModel[Any]:

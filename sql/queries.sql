@@ -177,6 +177,7 @@ CASE WHEN t.attempt_count < t.max_attempts THEN NULL
                  < (%(max_per_group)s::int[])[array_position(%(limited)s::text[], t.task_type)]
        END)
  END)
+ AND {within_shared}
 
 -- predicate: type_open
 -- Served types a claim may start now (s.task_type, one row per served type): not paused,
@@ -196,7 +197,8 @@ CASE WHEN t.attempt_count < t.max_attempts THEN NULL
  AND s.task_type NOT IN (
     SELECT w.task_type FROM slotd_rate_windows w
     WHERE w.free_at > now() AND NOT w.per_group
-      AND (%(rate_n)s::int[])[array_position(%(rated)s::text[], w.task_type)] IS NOT NULL))
+      AND (%(rate_n)s::int[])[array_position(%(rated)s::text[], w.task_type)] IS NOT NULL)
+ AND {shared_open})
 
 -- predicate: group_rate_open
 -- The row's group has room in its rate window, as discovery sees it (the claim decides,
@@ -215,8 +217,8 @@ CASE WHEN t.attempt_count < t.max_attempts THEN NULL
 -- would let a claim that waited stamp its start before the one it waited for). rated /
 -- rate_n / rate_s / group_rate_n / group_rate_s are parallel arrays from the registry; an
 -- unrated type is one array_position miss. Race-safe only under claim_lock, like
--- within_limits.
-(array_position(%(rated)s::text[], t.task_type) IS NULL
+-- within_limits. Then the shared limits' rates (within_shared_rates).
+((array_position(%(rated)s::text[], t.task_type) IS NULL
  OR (NOT EXISTS (
         SELECT 1 FROM slotd_rate_windows w
         JOIN slotd_rate_starts rs
@@ -238,6 +240,7 @@ CASE WHEN t.attempt_count < t.max_attempts THEN NULL
           AND rs.started_at > clock_timestamp() - make_interval(secs =>
                 (%(group_rate_s)s::float8[])[array_position(%(rated)s::text[], t.task_type)])
      ))))
+ AND {within_shared_rates})
 
 -- name: bound
 -- SET LOCAL semantics, so the bound holds behind a transaction-mode pooler too. jit: see
@@ -562,6 +565,8 @@ rate_starts AS (
     ) AS b(per_group, task_group, allowed, window_s)
     WHERE r.i IS NOT NULL AND b.allowed IS NOT NULL AND b.task_group IS NOT NULL
       AND EXISTS (SELECT 1 FROM claimed)
+    UNION ALL
+    {shared_rate_starts}
 ), rate_windows AS (
     -- The window moves on by one start; free_at: when the next start may come (the start
     -- N - 1 places back from this one, plus the window), for discovery and `slotd status`.

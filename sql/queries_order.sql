@@ -210,3 +210,81 @@ WHERE t.task_type = %(task_type)s AND t.key = %(key)s AND t.unique_pending
   AND t.lease_token IS NULL AND t.attempt_count < t.max_attempts AND {unexpired}
   AND isfinite(t.run_at)
 RETURNING t.id
+
+-- predicate: within_shared
+-- Shared limits (Registry.limit, a handler's limits=[...]): the row's type is under each
+-- limit it names, counted over live leases of every type under that limit (of the row's
+-- group too, for max_running_per_group). shared_types / shared_names / shared_max /
+-- shared_max_group are parallel arrays, one entry per (type, limit) (slotd.registry
+-- shared_rows); a type under none is one scan of those arrays and nothing else. Race-safe
+-- only under the claim lock of each limit ('@name', taken with the types', sorted: see
+-- claim_lock), like within_limits, which splices it. In a CASE, so the planner never makes
+-- the NOT EXISTS an anti-join over every due row: a discovery must stop at its LIMIT.
+(CASE WHEN t.task_type <> ALL(%(shared_types)s::text[]) THEN true ELSE NOT EXISTS (
+    SELECT 1
+    FROM unnest(%(shared_types)s::text[], %(shared_names)s::text[], %(shared_max)s::int[],
+                %(shared_max_group)s::int[]) AS m(task_type, name, most, most_group)
+    WHERE m.task_type = t.task_type
+      AND ((m.most IS NOT NULL
+            AND (SELECT count(*) FROM slotd_tasks l
+                 WHERE l.task_type IN (SELECT x.task_type
+                                       FROM unnest(%(shared_types)s::text[],
+                                                   %(shared_names)s::text[]) AS x(task_type, name)
+                                       WHERE x.name = m.name)
+                   AND l.lease_token IS NOT NULL AND l.lease_expires_at > now()
+                   AND NOT coalesce(l.id = %(settling)s::bigint
+                                    AND l.lease_token = %(settling_token)s::uuid, false))
+                >= m.most)
+        OR (m.most_group IS NOT NULL AND t.task_group IS NOT NULL
+            AND (SELECT count(*) FROM slotd_tasks l
+                 WHERE l.task_type IN (SELECT x.task_type
+                                       FROM unnest(%(shared_types)s::text[],
+                                                   %(shared_names)s::text[]) AS x(task_type, name)
+                                       WHERE x.name = m.name)
+                   AND l.task_group = t.task_group
+                   AND l.lease_token IS NOT NULL AND l.lease_expires_at > now()
+                   AND NOT coalesce(l.id = %(settling)s::bigint
+                                    AND l.lease_token = %(settling_token)s::uuid, false))
+                >= m.most_group))) END)
+
+-- predicate: shared_open
+-- The discovery's type_open for shared limits: a type under a limit whose max_running is
+-- reached is closed before its rows are read (a filter per row would walk its whole due
+-- range). Read once per statement (an uncorrelated sub-select).
+(s.task_type NOT IN (
+    SELECT m.task_type
+    FROM unnest(%(shared_types)s::text[], %(shared_names)s::text[], %(shared_max)s::int[])
+         AS m(task_type, name, most)
+    WHERE m.most IS NOT NULL
+      AND (SELECT count(*) FROM slotd_tasks l
+           WHERE l.task_type IN (SELECT x.task_type
+                                 FROM unnest(%(shared_types)s::text[],
+                                             %(shared_names)s::text[]) AS x(task_type, name)
+                                 WHERE x.name = m.name)
+             AND l.lease_token IS NOT NULL AND l.lease_expires_at > now()) >= m.most))
+
+-- predicate: within_shared_rates
+-- A shared limit's rate (N, window): its starts are counted in a window of their own,
+-- task_type '@name' in slotd_rate_windows (sql/022), as within_rates counts a type's. In a
+-- CASE, as within_shared.
+(CASE WHEN t.task_type <> ALL(%(shared_types)s::text[]) THEN true ELSE NOT EXISTS (
+    SELECT 1
+    FROM unnest(%(shared_types)s::text[], %(shared_names)s::text[], %(shared_rate_n)s::int[],
+                %(shared_rate_s)s::float8[]) AS m(task_type, name, rate_n, rate_s)
+    JOIN slotd_rate_windows w
+      ON w.task_type = '@' || m.name AND NOT w.per_group AND w.task_group = ''
+    JOIN slotd_rate_starts rs
+      ON rs.task_type = w.task_type AND rs.per_group = w.per_group
+     AND rs.task_group = w.task_group AND rs.seq = w.last_seq + 1 - m.rate_n
+    WHERE m.task_type = t.task_type AND m.rate_n IS NOT NULL
+      AND rs.started_at > clock_timestamp() - make_interval(secs => m.rate_s)) END)
+
+-- fragment: shared_rate_starts
+-- claim_rate_record's rows for the shared limits with a rate that the picked row's type is
+-- under: each start counted in the limit's own window ('@name', within_shared_rates).
+SELECT '@' || m.name, false, '', m.rate_n, m.rate_s, clock_timestamp()
+FROM picked p
+JOIN unnest(%(shared_types)s::text[], %(shared_names)s::text[], %(shared_rate_n)s::int[],
+            %(shared_rate_s)s::float8[]) AS m(task_type, name, rate_n, rate_s)
+  ON m.task_type = p.task_type
+WHERE m.rate_n IS NOT NULL AND EXISTS (SELECT 1 FROM claimed)

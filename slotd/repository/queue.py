@@ -11,7 +11,7 @@ from typing import Any
 
 from slotd.errors import LeaseLost
 from slotd.payload import encode
-from slotd.registry import Rate, Registry
+from slotd.registry import Rate, Registry, SharedRow
 from slotd.repository.causes import PARENT_EXPIRED, PARENT_FAILED
 from slotd.repository.lanes import Lanes
 from slotd.repository.named import _sql
@@ -114,11 +114,15 @@ class ClaimShape:
     literals: dict[str, Any]
     locked: list[str]  # limited or rated: these take the limit lock
     rated: frozenset[str]
+    # The claim-lock keys of the shared limits each type is under ('@name', Registry.limit).
+    shared_keys: dict[str, list[str]]
 
 
-def limit_params(limits: Limits, rates: Rates | None = None) -> dict[str, Any]:
-    """The within_limits and within_rates predicates' parallel arrays; empty for an
-    unlimited registry."""
+def limit_params(
+    limits: Limits, rates: Rates | None = None, shared: Sequence[SharedRow] = ()
+) -> dict[str, Any]:
+    """The within_limits and within_rates predicates' parallel arrays (within_shared's:
+    one entry per type and shared limit it is under); empty for an unlimited registry."""
     names = sorted(limits)
     rated = sorted(rates or {})
 
@@ -140,6 +144,12 @@ def limit_params(limits: Limits, rates: Rates | None = None) -> dict[str, Any]:
         "rate_s": [seconds(r) for r, _ in per_type],
         "group_rate_n": [count(g) for _, g in per_type],
         "group_rate_s": [seconds(g) for _, g in per_type],
+        "shared_types": [r[0] for r in shared],
+        "shared_names": [r[1] for r in shared],
+        "shared_max": [r[2] for r in shared],
+        "shared_max_group": [r[3] for r in shared],
+        "shared_rate_n": [r[4] for r in shared],
+        "shared_rate_s": [r[5] for r in shared],
     }
 
 
@@ -180,6 +190,7 @@ class QueueProtocol(Lanes):
         limits: Limits | None = None,
         on_primary: bool = False,
         rates: Rates | None = None,
+        shared: Sequence[SharedRow] = (),
     ) -> list[int]:
         """Candidate ids in delivery order (ordering key, then id), passing over rows that
         their type's or group's limit or rate holds back right now; from the read lane, or
@@ -192,7 +203,7 @@ class QueueProtocol(Lanes):
             "types": list(types),
             "limit": limit,
             "lead_s": self.lead_s,
-            **limit_params(limits or {}, rates),
+            **limit_params(limits or {}, rates, shared),
         }
         conn = self.write if on_primary else self.read
         rows = conn.execute(_sql("discover", self.schema), params).fetchall()
@@ -213,15 +224,25 @@ class QueueProtocol(Lanes):
         types = registry.types
         cached = self._claim_arrays
         if cached is None or cached.registry is not registry or cached.types != types:
+            shared = registry.shared_rows
             arrays = {
                 "types": types,
                 "ceilings_s": registry.ceilings_seconds,
                 "max_attempts": registry.max_attempts(self.max_attempts),
-                **limit_params(registry.concurrency_limits, registry.rates),
+                **limit_params(registry.concurrency_limits, registry.rates, shared),
             }
             literals = {k: v if v is None else array_literal(v) for k, v in arrays.items()}
+            keys: dict[str, list[str]] = {}
+            for task_type, name, *_ in shared:
+                keys.setdefault(task_type, []).append("@" + name)
+            shared_rated = {r[0] for r in shared if r[4] is not None}
             cached = self._claim_arrays = ClaimShape(
-                registry, types, literals, registry.claim_locked, frozenset(registry.rates)
+                registry,
+                types,
+                literals,
+                registry.claim_locked,
+                frozenset(registry.rates) | shared_rated,
+                keys,
             )
         return cached
 
@@ -236,13 +257,17 @@ class QueueProtocol(Lanes):
     def _lock_types(self, ids: Sequence[int], registry: Registry) -> list[str]:
         """The limited or rated types this claim may pick: those among the candidates when
         the last discovery found them all, else (ids from elsewhere) every such type served."""
-        limited = self._shape(registry).locked
+        shape = self._shape(registry)
+        limited = shape.locked
         if not limited:
             return []
         known = self._candidate_types
         if all(task_id in known for task_id in ids):
-            return sorted({known[i] for i in ids} & set(limited))
-        return limited
+            chosen = {known[i] for i in ids} & set(limited)
+        else:
+            chosen = set(limited)
+        # A shared limit's lock ('@name') too, in one sorted order with the types' locks.
+        return sorted(chosen.union(*(shape.shared_keys.get(t, ()) for t in chosen)))
 
     def _rated(self, name: str, lock_types: Sequence[str], registry: Registry) -> str:
         """The claim statement `name`, or its _rated twin when a candidate may be of a rated

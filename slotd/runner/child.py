@@ -148,7 +148,8 @@ def serve(
         faults.on_fault = lambda kind: conn.send(("fault", kind))
     registry.runner_started()  # after the fork: the application's per-process set-up
     hello = (registry.types, registry.ceilings_seconds, registry.limits)
-    conn.send(("hello", *hello, registry.concurrency_limits, registry.rates))
+    limits = (registry.concurrency_limits, registry.rates, registry.order_options())
+    conn.send(("hello", *hello, *limits))
     code = 0
     try:
         while True:

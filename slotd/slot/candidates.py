@@ -103,6 +103,7 @@ class Candidates:
             registry.concurrency_limits,
             on_primary=on_primary,
             rates=registry.rates,
+            shared=registry.shared_rows,
         )
         self.limit = self.widened(time.monotonic() - started)
         self.retry_in = repo.wake_in_s

@@ -236,13 +236,13 @@ class RunnerKeeper:
             self.log.error("runner did not start within %ss", BOOT_TIMEOUT)
             return None
         try:
-            _, types, ceilings, limits, concurrency, rates = handle.conn.recv()
+            _, types, ceilings, limits, concurrency, rates, order = handle.conn.recv()
         except (EOFError, OSError):
             status = handle.stop()
             self.log.error("runner failed to start: %s", proc.describe_status(status))
             return None
         if fresh_code:
-            self.registry = _registry_view(types, ceilings, limits, concurrency, rates)
+            self.registry = _registry_view(types, ceilings, limits, concurrency, rates, order)
         return handle
 
 
@@ -252,6 +252,7 @@ def _registry_view(
     limits: list[tuple[Any, ...]],
     concurrency: dict[str, tuple[int | None, int | None]],
     rates: dict[str, tuple[Any, Any]],
+    order: dict[str, Any],
 ) -> Registry:
     """What the runner (possibly with new code) can run, with each type's ceiling and
     limits: the claim's type list, its concurrency limits and rates, and the settlement's
@@ -261,6 +262,8 @@ def _registry_view(
         return None if seconds is None else timedelta(seconds=seconds)
 
     view = Registry()
+    for limit, (most, per_group, rate) in order["limits"].items():
+        view.limit(limit, max_running=most, max_running_per_group=per_group, rate=rate)
     for name, ceiling, (attempts, base, cap) in zip(types, ceilings, limits, strict=True):
         most, per_group = concurrency.get(name, (None, None))
         rate, rate_per_group = rates.get(name, (None, None))
@@ -275,6 +278,7 @@ def _registry_view(
             max_running_per_group=per_group,
             rate=rate,
             rate_per_group=rate_per_group,
+            **order["handlers"].get(name, {}),
         )
     return view
 

@@ -73,3 +73,21 @@ def once(task: slotd.Task, ctx: slotd.Context) -> None:
 def onward(task: slotd.Task, ctx: slotd.Context) -> None:
     """A sequence goes on past one of these that ended failed."""
     _run(task, ctx)
+
+
+# Shared limits: at most one of ord.model_a / ord.model_b at once, fleet-wide; at most two
+# starts of ord.rated_a / ord.rated_b in any 60 s; one per group of ord.grouped_*.
+registry.limit("model", max_running=1)
+registry.limit("burst", rate=(2, timedelta(seconds=60)))
+registry.limit("tenant", max_running_per_group=1)
+
+
+for name, shared in (
+    ("ord.model_a", "model"),
+    ("ord.model_b", "model"),
+    ("ord.rated_a", "burst"),
+    ("ord.rated_b", "burst"),
+    ("ord.grouped_a", "tenant"),
+    ("ord.grouped_b", "tenant"),
+):
+    registry.register(name, _run, ceiling=timedelta(seconds=10), limits=[shared])
