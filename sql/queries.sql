@@ -1927,12 +1927,13 @@ ORDER BY x.k, x.id
 
 -- name: attempts_prune
 -- The retention chore: the attempts of tasks no longer answerable (no row, no stored
--- result or history), a batch per transaction.
+-- result or history, no Django result: get_result reads them), a batch per transaction.
 DELETE FROM slotd_attempts a
 WHERE a.id IN (
     SELECT x.id FROM slotd_attempts x
     WHERE NOT EXISTS (SELECT FROM slotd_tasks t WHERE t.id = x.task_id)
       AND NOT EXISTS (SELECT FROM slotd_results r WHERE r.task_id = x.task_id)
+      AND NOT EXISTS (SELECT FROM slotd_django_results d WHERE d.task_id = x.task_id)
     LIMIT %(batch)s
 )
 

@@ -32,7 +32,8 @@ WHERE r.id = %(id)s AND r.status = 'FAILED'
 -- name: django_result_running
 -- started_at is the first attempt's start (Django's meaning); last_attempted_at this one's.
 -- Found RUNNING, the attempt before never wrote its end (killed at its deadline, its runner
--- crashed, its lease lapsed): its error is recorded now, in the queue row's words.
+-- crashed, its lease lapsed): its error is recorded now, in the queue row's words, under
+-- that attempt's number (get_result prefers slotd_attempts' record of it, when there is one).
 UPDATE slotd_django_results r
 SET status = 'RUNNING', started_at = coalesce(r.started_at, now()), last_attempted_at = now(),
     worker_ids = r.worker_ids || %(worker_id)s::text,
@@ -41,7 +42,8 @@ SET status = 'RUNNING', started_at = coalesce(r.started_at, now()), last_attempt
             'exception_class_path', %(lost_class)s::text,
             'traceback', coalesce(
                 (SELECT t.last_error FROM slotd_tasks t WHERE t.id = r.task_id),
-                'the attempt ended without recording its end')))
+                'the attempt ended without recording its end'),
+            'attempt', %(attempt)s::int - 1))
         ELSE r.errors
     END
 WHERE r.id = %(id)s AND r.status IN ('READY', 'RUNNING')
@@ -90,7 +92,7 @@ RETURNING r.status
 -- READY again while it has attempts left (not under a live lease) and FAILED once it is a
 -- dead letter or gone (a purged dead letter: a finished task's row is only deleted after
 -- its record says SUCCESSFUL).
-SELECT r.id, r.backend, r.queue_name, r.task_path, r.priority, r.takes_context,
+SELECT r.id, r.task_id, r.backend, r.queue_name, r.task_path, r.priority, r.takes_context,
        r.run_after, r.args, r.kwargs, r.status AS stored_status,
        CASE
            WHEN r.status NOT IN ('READY', 'RUNNING') THEN r.status

@@ -81,6 +81,12 @@ def _attempts(rows: list[store.AttemptRow]) -> tuple[Attempt, ...]:
     return tuple(Attempt(n, o, e, s, d, _worker(h, p, sl)) for n, o, e, s, d, h, p, sl in rows)
 
 
+def attempts(conn: Any, task_id: int, *, schema: str | None = None) -> tuple[Attempt, ...]:
+    """The task's attempts as slotd remembers them, whether or not it is answerable
+    (Django's results read them beside their own row)."""
+    return _attempts(store.attempts_of(conn, task_id, schema=schema))
+
+
 def _read(conn: Any, task_id: int, schema: str | None) -> TaskResult | None:
     row = store.result_of(conn, task_id, schema=schema)
     if row is None:

@@ -22,7 +22,10 @@ import pytest
 # The test project (tests/django_project) is imported as `django_project`.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-TABLES = "slotd_tasks, slotd_django_results, slotd_maintenance, shop_order, shop_call"
+TABLES = (
+    "slotd_tasks, slotd_django_results, slotd_attempts, slotd_results, slotd_maintenance, "
+    "shop_order, shop_call"
+)
 
 
 @pytest.fixture(scope="session")

@@ -446,3 +446,22 @@ def test_system_checks_pass_for_the_project() -> None:
     bad = SlotdBackend("bad", {"QUEUES": ["Upper"], "OPTIONS": {"CEILING": "soon"}})
     messages = [m.msg for m in bad.check()]
     assert any("Upper" in m for m in messages) and any("CEILING" in m for m in messages)
+
+
+def test_a_django_results_attempts_outlive_its_queue_row_until_the_result_goes(
+    slotd_conn: psycopg.Connection[Any], repo: Repository, slotd_registry: Registry
+) -> None:
+    """get_result reads errors and worker ids from slotd_attempts (#37 item 4): retention
+    keeps a task's attempts while its Django result answers for it, even once its queue row
+    is gone (a purged dead letter), and prunes them with the result."""
+    from django_project.shop.tasks import explode
+
+    result = explode.enqueue("kept")
+    deliver(repo, slotd_registry)
+    slotd_conn.execute("DELETE FROM slotd_tasks")  # the dead letter purged
+    assert repo.prune_attempts_batch() == 0
+    shown = explode.get_result(result.id)
+    assert shown.status == FAILED and [e.exception_class for e in shown.errors] == [ValueError]
+    assert len(shown.worker_ids) == 1 and shown.worker_ids[0].count(":") >= 1
+    slotd_conn.execute("DELETE FROM slotd_django_results")  # Django's retention
+    assert repo.prune_attempts_batch() == 1

@@ -10,7 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
+
+import slotd
 
 pytest.importorskip("django", minversion="6.0")
 
@@ -20,12 +23,11 @@ TESTS = Path(__file__).resolve().parent.parent
 
 
 def test_slotd_run_executes_django_tasks(django_db_url: str) -> None:
-    from django_project.shop.tasks import add, async_double, async_where, explode
+    from django_project.shop.tasks import add, async_double, async_where, explode, fail_until
 
-    if not (TESTS.parent / "slotd" / "supervisor.py").exists():
-        pytest.skip("slotd run is not available in this checkout")
     summed, doubled, failed = add.enqueue(20, 22), async_double.enqueue(4), explode.enqueue("x")
     where = async_where.enqueue()
+    retried = fail_until.enqueue("W-1", 2)  # fails on its first attempt, then succeeds
     # No SLOTD_DATABASE_URL: the worker takes Django's DATABASES entry.
     env = {
         **{k: v for k, v in os.environ.items() if k not in ("SLOTD_DATABASE_URL", "DATABASE_URL")},
@@ -55,8 +57,9 @@ def test_slotd_run_executes_django_tasks(django_db_url: str) -> None:
                 async_double.get_result(doubled.id),
                 explode.get_result(failed.id),
                 async_where.get_result(where.id),
+                fail_until.get_result(retried.id),
             ]
-            done = (states[0], states[1], states[3])
+            done = (states[0], states[1], states[3], states[4])
             if all(s.status == TaskResultStatus.SUCCESSFUL for s in done) and (
                 states[2].attempts == 3 and states[2].status == TaskResultStatus.FAILED
             ):
@@ -67,7 +70,7 @@ def test_slotd_run_executes_django_tasks(django_db_url: str) -> None:
             except subprocess.TimeoutExpired:
                 pass
         assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-        first, second, third, fourth = states
+        first, second, third, fourth, fifth = states
         # The async task ran on the runner's own event loop, not on a thread of its own.
         assert fourth.return_value == "MainThread"
         assert first.return_value == {"sum": 42, "parts": [20, 22]}
@@ -75,6 +78,23 @@ def test_slotd_run_executes_django_tasks(django_db_url: str) -> None:
         assert third.status == TaskResultStatus.FAILED and third.attempts == 3, third
         assert len(set(first.worker_ids + second.worker_ids)) >= 1
         assert all(":" in w for w in first.worker_ids)
+        # #37 item 4: errors and worker_ids are slotd's attempts (sql/030), as slotd.result
+        # and `slotd result` show them: one error per failed attempt, with its traceback,
+        # and each attempt's worker (host:pid:slot).
+        with psycopg.connect(django_db_url, autocommit=True) as conn:
+            for shown, n_errors in ((fifth, 1), (third, 3)):
+                [(task_id,)] = conn.execute(
+                    "SELECT task_id FROM slotd_django_results WHERE id = %s", (shown.id,)
+                ).fetchall()
+                ran = slotd.result(conn, task_id).attempts  # type: ignore[union-attr]
+                assert shown.worker_ids == [a.worker for a in ran]
+                assert all(w.count(":") == 2 for w in shown.worker_ids), shown.worker_ids
+                assert len(shown.errors) == n_errors == len([a for a in ran if a.error])
+        assert fifth.return_value == "ok after 2" and fifth.attempts == 2
+        [error] = fifth.errors
+        assert error.exception_class is RuntimeError
+        assert "RuntimeError: call 1 of W-1 fails" in error.traceback
+        assert [e.exception_class for e in third.errors] == [ValueError] * 3
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -14,7 +14,7 @@ import dataclasses
 import json
 import traceback
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -30,6 +30,7 @@ from django.utils.module_loading import import_string
 from slotd import repository
 from slotd.contrib.django.database import cursor, raw_connection
 from slotd.errors import SlotdError
+from slotd.producer.results import Attempt, attempts
 
 __all__ = ["AttemptFailed", "Results", "ReturnValueNotJSON", "cursor", "raw_connection"]
 
@@ -64,12 +65,17 @@ class Results:
             row = self._execute(cur, "django_result_lock", {"id": result_id}).fetchone()
             yield cur, (row[0] if row else None)
 
-    def start(self, result_id: str, worker_id: str) -> str | None:
+    def start(self, result_id: str, worker_id: str, attempt: int | None = None) -> str | None:
         """READY/RUNNING -> RUNNING; FAILED -> READY -> RUNNING (an operator's retry of a
         dead letter); SUCCESSFUL stays. Found RUNNING, the attempt before never wrote its
         end (killed, crashed): its error is recorded now, from the queue row. Returns the
-        status found before the transition."""
-        params = {"id": result_id, "worker_id": worker_id, "lost_class": ATTEMPT_FAILED_PATH}
+        status found before the transition. `attempt`: this attempt's number (slotd's)."""
+        params = {
+            "id": result_id,
+            "worker_id": worker_id,
+            "lost_class": ATTEMPT_FAILED_PATH,
+            "attempt": attempt,
+        }
         with self.locked(result_id) as (cur, status):
             if status == SUCCESSFUL:
                 self._execute(cur, "django_result_rerun", params)
@@ -87,17 +93,25 @@ class Results:
                 self._execute(cur, "django_result_succeed", params)
 
     def fail(
-        self, result_id: str, exc: BaseException, *, final: bool | None = None
+        self,
+        result_id: str,
+        exc: BaseException,
+        *,
+        final: bool | None = None,
+        attempt: int | None = None,
     ) -> tuple[str | None, str | None]:
         """Record the attempt's error. The result is FAILED (finished) only when no attempt
         follows: `final` True (the worker will not retry it), or None and the queue row is
         on its last attempt or gone. Otherwise it is READY for the retry, and stays so when
         `final` is False (released at shutdown). A SUCCESSFUL record keeps its status.
-        Returns the status before and after."""
-        error = {
+        Returns the status before and after. `attempt`: the attempt's number (slotd's),
+        which get_result matches with slotd's record of the attempt."""
+        error: dict[str, Any] = {
             "exception_class_path": f"{type(exc).__module__}.{type(exc).__qualname__}",
             "traceback": "".join(traceback.format_exception(exc)),
         }
+        if attempt is not None:
+            error["attempt"] = attempt
         params = {"id": result_id, "error": json.dumps(error), "final": final}
         with self.locked(result_id) as (cur, status):
             if status is None:
@@ -133,9 +147,13 @@ class Results:
             found = self._execute(cur, "django_result_get", {"id": key})
             row = found.fetchone()
             names = [col.name for col in found.description or []]
-        if row is None:
-            raise TaskResultDoesNotExist(result_id)
-        return build(dict(zip(names, row, strict=True)))
+            if row is None:
+                raise TaskResultDoesNotExist(result_id)
+            fields = dict(zip(names, row, strict=True))
+            # Every attempt slotd remembers of the task (sql/030): the worker that ran it,
+            # and the error of those the task's own code never got to record.
+            ran = attempts(cur, fields["task_id"], schema=self.schema)
+        return build(fields, ran)
 
 
 class ReturnValueNotJSON(TypeError):
@@ -176,7 +194,58 @@ def load_task(path: str, fields: dict[str, Any]) -> Task:
     return task
 
 
-def build(row: dict[str, Any]) -> TaskResult:
+def _error(stored: dict[str, Any]) -> TaskError:
+    return TaskError(
+        exception_class_path=stored["exception_class_path"], traceback=stored["traceback"]
+    )
+
+
+def _lost(reason: str) -> TaskError:
+    return TaskError(exception_class_path=ATTEMPT_FAILED_PATH, traceback=reason)
+
+
+# An attempt's end that is not a failure: nothing for TaskResult.errors.
+_CLEAN_ENDS = (None, "success", "continued", "snoozed", "suspended")
+
+
+def errors_of(stored: list[dict[str, Any]], ran: Sequence[Attempt]) -> list[TaskError]:
+    """TaskResult.errors, one per failed attempt, oldest first: the error the task's own
+    code recorded for that attempt (its exception's class and traceback), else slotd's
+    record of it (an AttemptFailed in the queue's words: killed at its deadline, its runner
+    crashed, its lease lapsed, cancelled while it ran), else the error the next attempt
+    found missing. Errors recorded before attempts had numbers come first, as they were."""
+    own: dict[int, dict[str, Any]] = {}
+    lost: dict[int, dict[str, Any]] = {}
+    errors = []
+    for err in stored:
+        number = err.get("attempt")
+        if number is None:
+            errors.append(_error(err))
+        elif err["exception_class_path"] == ATTEMPT_FAILED_PATH:
+            lost.setdefault(number, err)
+        else:
+            own.setdefault(number, err)
+    remembered = {a.number: a for a in ran if a.outcome not in _CLEAN_ENDS and a.error}
+    for number in sorted({*own, *lost, *remembered}):
+        if number in own or number not in remembered:
+            err = own.get(number) or lost[number]
+            errors.append(_error(err))
+        else:
+            errors.append(_lost(remembered[number].error or ""))
+    return errors
+
+
+def worker_ids_of(stored: list[str], ran: Sequence[Attempt]) -> list[str]:
+    """TaskResult.worker_ids: the worker of each attempt slotd remembers ("host:pid:slot",
+    as slotd.result's attempts and `slotd result` show it). The result row's own list
+    (host:pid of each start) when slotd remembers fewer runs than it counted: a result
+    older than slotd's attempts table, a lapsed attempt slotd did not record, a running
+    attempt whose replica has not reported it yet, a re-run of a settled attempt."""
+    workers = [a.worker for a in ran if a.worker]
+    return workers if len(workers) >= len(stored) else list(stored)
+
+
+def build(row: dict[str, Any], ran: Sequence[Attempt] = ()) -> TaskResult:
     fields = {
         "backend": row["backend"],
         "queue_name": row["queue_name"],
@@ -184,11 +253,15 @@ def build(row: dict[str, Any]) -> TaskResult:
         "run_after": row["run_after"],
     }
     task = dataclasses.replace(load_task(row["task_path"], fields), **fields)
-    errors = [TaskError(**err) for err in row["errors"]]
+    errors = errors_of(row["errors"], ran)
     status = TaskResultStatus(row["status"])
     if status != row["stored_status"] and status == FAILED:
-        reason = row["queue_error"] or "its queue row is gone (a purged dead letter)"
-        errors.append(TaskError(exception_class_path=ATTEMPT_FAILED_PATH, traceback=reason))
+        # Ended by the queue, not by the task's code: its reason, unless the last attempt's
+        # own record says it already.
+        last = next((a for a in reversed(ran) if a.outcome is not None), None)
+        if last is None or last.outcome in _CLEAN_ENDS or not last.error:
+            reason = row["queue_error"] or "its queue row is gone (a purged dead letter)"
+            errors.append(_lost(reason))
     result = TaskResult(
         task=task,
         id=str(row["id"]),
@@ -201,7 +274,7 @@ def build(row: dict[str, Any]) -> TaskResult:
         kwargs=row["kwargs"],
         backend=row["backend"],
         errors=errors,
-        worker_ids=list(row["worker_ids"]),
+        worker_ids=worker_ids_of(list(row["worker_ids"]), ran),
     )
     if status == SUCCESSFUL:
         object.__setattr__(result, "_return_value", row["return_value"])

@@ -93,7 +93,15 @@ def build_registry() -> Registry:
             known = ceilings.get(config.task_type)
             if known is None:
                 ceilings[config.task_type] = config.ceiling
-                reg.register(config.task_type, run_django_task, ceiling=config.ceiling)
+                # keep_history: a success stays answerable (slotd.result, `slotd result`)
+                # as long as the Django result, and its attempt is remembered with its
+                # worker, which get_result's worker_ids read (slotd_attempts).
+                reg.register(
+                    config.task_type,
+                    run_django_task,
+                    ceiling=config.ceiling,
+                    keep_history=backend.result_retention,
+                )
             elif known != config.ceiling:
                 raise ConfigError(
                     f"queue {config.name!r} has two ceilings ({known} and {config.ceiling}) "
@@ -126,13 +134,15 @@ def run_django_task(task: slotd.Task, ctx: slotd.Context) -> None:
     backend = task_backends[payload["backend"]]
     _recycle_connections()
     try:
-        _deliver(backend, payload["result_id"], ctx)
+        _deliver(backend, payload["result_id"], ctx, attempt=task.attempt)
     finally:
         _maybe_prune(backend)
         _recycle_connections()
 
 
-def _deliver(backend: Any, result_id: str, ctx: slotd.Context | None = None) -> None:
+def _deliver(
+    backend: Any, result_id: str, ctx: slotd.Context | None = None, *, attempt: int | None = None
+) -> None:
     from django.tasks import TaskContext
     from django.tasks.signals import task_finished, task_started
 
@@ -144,7 +154,7 @@ def _deliver(backend: Any, result_id: str, ctx: slotd.Context | None = None) -> 
     )
 
     table = backend.results
-    before = table.start(result_id, _worker_id())
+    before = table.start(result_id, _worker_id(), attempt)
     if before is None:
         # Only retention deletes a result, long after its task finished.
         log.warning("django task result %s is gone; not running it again", result_id)
@@ -165,7 +175,7 @@ def _deliver(backend: Any, result_id: str, ctx: slotd.Context | None = None) -> 
         hopeless = exc is import_error(django_task) or isinstance(exc, ReturnValueNotJSON)
         # Released at shutdown, the attempt does not count: READY whatever the count.
         final = True if hopeless else (False if ctx is not None and ctx.shutting_down else None)
-        prior, now = table.fail(result_id, exc, final=final)
+        prior, now = table.fail(result_id, exc, final=final, attempt=attempt)
         if now == FAILED and prior != SUCCESSFUL:
             # Once, at the end (Django's meaning of FAILED); sent inside the except block,
             # as Django's own backend does: receivers (its logger) see sys.exc_info().
