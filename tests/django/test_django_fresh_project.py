@@ -108,3 +108,6 @@ def test_a_fresh_startproject_with_only_the_documented_settings(
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=40)
     assert proc.returncode == 0, err
+    # startproject's DEBUG = True: Django's console handler printed each of the task's log
+    # lines beside slotd's own (#42 item 8); once now.
+    assert err.count(f"id={result_id} path=mysite.tasks.greet state=SUCCESSFUL") == 1, err

@@ -45,6 +45,7 @@ def registry() -> Registry:
     import django
 
     django.setup()
+    _one_voice_for_django_logs()
     from django.apps import apps
     from django.db import DatabaseError
 
@@ -74,6 +75,24 @@ def registry() -> Registry:
             f"{default_schema()!r}: run the worker with manage.py slotd run"
         )
     return reg
+
+
+def _one_voice_for_django_logs() -> None:
+    """With DEBUG = True, Django's default logging prints the "django" loggers' lines (the
+    tasks' RUNNING / SUCCESSFUL / FAILED and their tracebacks) to stderr itself, and they
+    reach slotd's own handler as well: every line twice. Where slotd's handler is there,
+    Django's default console handler goes (a project's own LOGGING handlers stay)."""
+    from django.utils.log import RequireDebugTrue
+
+    if not logging.getLogger().handlers:
+        return  # nobody else prints them
+    django_log = logging.getLogger("django")
+    for handler in list(django_log.handlers):
+        default = handler.get_name() == "console" and any(
+            isinstance(f, RequireDebugTrue) for f in handler.filters
+        )
+        if default:
+            django_log.removeHandler(handler)
 
 
 def build_registry() -> Registry:
