@@ -86,6 +86,8 @@ class Handler:
     sequence_on_failure: str = "halt"
     # Limits shared with other types (Registry.limit), by name.
     shared_limits: tuple[str, ...] = ()
+    # Its groups take turns for its slots (the one that started least recently first).
+    fair: bool = False
 
     def limits(self) -> tuple[int | None, float | None, float | None]:
         """As plain numbers, for the runner's hello to its slot."""
@@ -247,10 +249,19 @@ class Registry:
                 for n, lim in self._limits.items()
             },
             "handlers": {
-                name: {"sequence_on_failure": h.sequence_on_failure, "limits": h.shared_limits}
+                name: {
+                    "sequence_on_failure": h.sequence_on_failure,
+                    "limits": h.shared_limits,
+                    "fair": h.fair,
+                }
                 for name, h in self._handlers.items()
             },
         }
+
+    @property
+    def fair_types(self) -> list[str]:
+        """The served types whose groups take turns (fair=True), sorted."""
+        return [name for name in self.types if self._handlers[name].fair]
 
     @property
     def shared_rows(self) -> list[SharedRow]:
@@ -288,6 +299,7 @@ class Registry:
         payload: type[Any] | None = None,
         sequence_on_failure: str = "halt",
         limits: Sequence[str] = (),
+        fair: bool = False,
     ) -> HandlerFn:
         """`max_attempts`, `backoff_base`, `backoff_cap` override the worker's settings for
         this type; the worker that claims a task stamps its threshold on the row.
@@ -305,7 +317,9 @@ class Registry:
         `handler`, which also returns a typed handle for enqueueing).
         `sequence_on_failure`: a task of a sequence that ends failed "halt"s its sequence
         until an operator resumes it (default), or lets it "continue" with the next.
-        `limits`: names of limits declared by `limit()`, shared with other types."""
+        `limits`: names of limits declared by `limit()`, shared with other types.
+        `fair`: the type's groups take turns for its slots, the group that started least
+        recently first (within priorities), so one group's backlog cannot starve another."""
         validate_type_name(name)
         if name in self._handlers:
             raise ValueError(f"task type {name!r} is already registered")
@@ -349,6 +363,7 @@ class Registry:
             payload_model=model,
             sequence_on_failure=sequence_on_failure,
             shared_limits=shared,
+            fair=bool(fair),
         )
         return fn
 
@@ -397,6 +412,7 @@ class Registry:
         payload: None = None,
         sequence_on_failure: str = "halt",
         limits: Sequence[str] = (),
+        fair: bool = False,
     ) -> Callable[[F], F]: ...
 
     @overload
@@ -420,6 +436,7 @@ class Registry:
         payload: type[P],
         sequence_on_failure: str = "halt",
         limits: Sequence[str] = (),
+        fair: bool = False,
     ) -> Callable[[Callable[[Task[P], Context], Any]], TaskHandle[P]]: ...
 
     def handler(
@@ -442,6 +459,7 @@ class Registry:
         payload: type[Any] | None = None,
         sequence_on_failure: str = "halt",
         limits: Sequence[str] = (),
+        fair: bool = False,
     ) -> Callable[[Any], Any]:
         """Register the decorated function (see `register`). Untyped, the function itself
         is returned; with `payload=Model`, a TaskHandle: still callable as the function,
@@ -467,6 +485,7 @@ class Registry:
                 payload=payload,
                 sequence_on_failure=sequence_on_failure,
                 limits=limits,
+                fair=fair,
             )
             model = self._handlers[name].payload_model
             return fn if model is None else TaskHandle(name, fn, model)

@@ -446,6 +446,10 @@ FOR SHARE OF t
  ORDER BY d.order_at, d.id
  LIMIT %(limit)s)
 UNION ALL
+{discover_waits}
+
+-- fragment: discover_waits
+-- discover's rows with id NULL (see discover), shared with discover_fair.
 SELECT NULL, w.task_type, extract(epoch FROM min(w.free_at) - now())::float8
 FROM slotd_rate_windows w
 WHERE w.free_at > now() AND w.task_type = ANY(%(rated)s::text[])

@@ -288,3 +288,87 @@ JOIN unnest(%(shared_types)s::text[], %(shared_names)s::text[], %(shared_rate_n)
             %(shared_rate_s)s::float8[]) AS m(task_type, name, rate_n, rate_s)
   ON m.task_type = p.task_type
 WHERE m.rate_n IS NOT NULL AND EXISTS (SELECT 1 FROM claimed)
+
+-- name: discover_fair
+-- `discover` for a registry with fair types (@registry.handler(..., fair=True)): the same,
+-- but a fair type's candidates take turns by group. Its next %(fair_window)s claimable rows
+-- (in ordering-key order, as discover reads them) are ranked by their place in their group
+-- (each group's first row, then each group's second...), then by when the group last
+-- started a task of the type (slotd_turns, stamped by claim_fair; never: first), then by
+-- the ordering key; each row is given the window's ordering keys in that rank (nth_value),
+-- so the merge with the other types' rows keeps the fair type's place in time while its own
+-- rows go in turns (by their rank among equal keys: a bulk enqueue's rows share one). A group's backlog then delays another group's task by one claim per
+-- slot, within the window (a group's task beyond the next fair_window rows of its type is
+-- seen when it comes within them).
+(SELECT d.id, d.task_type, NULL::float8 AS wait_s
+ FROM (SELECT DISTINCT s.task_type FROM unnest(%(types)s::text[]) AS s(task_type)
+       WHERE {type_open}) served
+ CROSS JOIN LATERAL (
+     (SELECT t.id, t.task_type, t.order_at, 0::bigint AS turn_rank FROM slotd_tasks t
+      WHERE t.task_type = served.task_type AND served.task_type <> ALL(%(fair)s::text[])
+        AND {claimable} AND {in_order_window} AND {within_limits} AND {group_rate_open}
+      ORDER BY t.order_at, t.id
+      LIMIT %(limit)s)
+     UNION ALL
+     (SELECT r.id, r.task_type, r.sort_at, r.by_turn FROM (
+         SELECT q.id, q.task_type, q.by_turn,
+                nth_value(q.order_at, q.by_turn::int) OVER (
+                    ORDER BY q.order_at, q.id
+                    ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS sort_at
+         FROM (
+             SELECT w.id, w.task_type, w.order_at,
+                    row_number() OVER (ORDER BY w.turn, g.started_at NULLS FIRST,
+                                                w.order_at, w.id) AS by_turn
+             FROM (
+                 SELECT t.id, t.task_type, t.order_at, coalesce(t.task_group, '') AS task_group,
+                        row_number() OVER (PARTITION BY t.task_group
+                                           ORDER BY t.order_at, t.id) AS turn
+                 FROM (SELECT t.id, t.task_type, t.order_at, t.task_group
+                       FROM slotd_tasks t
+                       WHERE t.task_type = served.task_type
+                         AND served.task_type = ANY(%(fair)s::text[])
+                         AND {claimable} AND {in_order_window} AND {within_limits}
+                         AND {group_rate_open}
+                       ORDER BY t.order_at, t.id
+                       LIMIT %(fair_window)s) t
+             ) w
+             LEFT JOIN slotd_turns g
+               ON g.task_type = w.task_type AND g.task_group = w.task_group
+         ) q
+     ) r
+     ORDER BY r.by_turn
+     LIMIT %(limit)s)
+ ) d
+ ORDER BY d.order_at, d.turn_rank, d.id
+ LIMIT %(limit)s)
+UNION ALL
+{discover_waits}
+
+-- fragment: turn_taken
+-- A fair type's start stamps its group's turn (discover_fair ranks groups by it): in the
+-- claim's statement, after the lease is taken. A row without a group is the group ''.
+turn_taken AS (
+    INSERT INTO slotd_turns AS g (task_type, task_group, started_at)
+    SELECT c.task_type, coalesce(m.task_group, ''), clock_timestamp()
+    FROM claimed c JOIN slotd_tasks m ON m.id = c.id
+    WHERE c.task_type = ANY(%(fair)s::text[])
+    ON CONFLICT (task_type, task_group) DO UPDATE SET started_at = excluded.started_at
+)
+
+-- name: claim_fair
+-- `claim` when a candidate may be of a fair type: the same claim, and its group's turn.
+WITH {claim_ctes}, {turn_taken}
+SELECT * FROM claimed
+
+-- name: claim_fair_rated
+WITH {claim_ctes_rated}, {turn_taken}
+SELECT * FROM claimed
+
+-- name: turns_prune
+-- The retention chore: turns of groups that started nothing for the retention's length
+-- (a group seen once, a type no longer fair). A group met again starts as never started.
+DELETE FROM slotd_turns g
+WHERE (g.task_type, g.task_group) IN (
+    SELECT x.task_type, x.task_group FROM slotd_turns x
+    WHERE x.started_at < now() - make_interval(secs => %(retention_s)s)
+    LIMIT %(batch)s)

@@ -116,6 +116,14 @@ nothing, and is told so (`lost`).
   attempt) by the replica whose sweep settled it. A holder still alive past its lease has
   lost it already (it retries a settlement only while its lease lasts): the sweep clears
   the token its late write is fenced on, and that write is `lost`.
+- sequences (#39, sql/080): a member of a sequence runs only as its head; its settlement
+  (always a linked one: every member is marked has_dependants) first takes the sequence's
+  row lock in a statement of its own (sql `sequence_lock_task`), so its snapshot sees every
+  member whose enqueue committed before, then moves the sequence on in the same statement
+  as its end (`sequence_moved`): the next member due, unless the end is a failure that
+  halts the sequence (the handler's sequence_on_failure, "halt" by default). A retry is
+  not an end: it holds the rest. A cancel of a running head moves it on only when its slot
+  settles the cancel, so two members never run at once.
 - expired: a task enqueued with expires_in is never started after its expires_at: the
   claim's claimable predicate refuses it from that instant, by the database's clock, so no
   sweep has to be on time for the rule to hold. The expiry sweep (`expire`, on a

@@ -116,6 +116,8 @@ class ClaimShape:
     rated: frozenset[str]
     # The claim-lock keys of the shared limits each type is under ('@name', Registry.limit).
     shared_keys: dict[str, list[str]]
+    # The fair types (fair=True): their claims stamp their group's turn (claim_fair).
+    fair: frozenset[str]
 
 
 def limit_params(
@@ -172,6 +174,11 @@ def array_literal(values: Sequence[Any]) -> str:
     return "{" + ",".join(parts) + "}"
 
 
+# How many of a fair type's next claimable rows discover_fair ranks by turn (#39): a group's
+# task further back than this waits until it comes within it.
+FAIR_WINDOW = 1000
+
+
 def _sequence_lock(task_id: int) -> tuple[str, dict[str, Any]]:
     """The statement a settlement that may end a sequence's member runs first (sql
     `sequence_lock_task`, sql/080): its snapshot then sees every member enqueued before."""
@@ -191,6 +198,7 @@ class QueueProtocol(Lanes):
         on_primary: bool = False,
         rates: Rates | None = None,
         shared: Sequence[SharedRow] = (),
+        fair: Sequence[str] = (),
     ) -> list[int]:
         """Candidate ids in delivery order (ordering key, then id), passing over rows that
         their type's or group's limit or rate holds back right now; from the read lane, or
@@ -205,8 +213,12 @@ class QueueProtocol(Lanes):
             "lead_s": self.lead_s,
             **limit_params(limits or {}, rates, shared),
         }
+        name = "discover"
+        if fair:  # some served types take turns by group (sql `discover_fair`)
+            name = "discover_fair"
+            params.update(fair=list(fair), fair_window=FAIR_WINDOW)
         conn = self.write if on_primary else self.read
-        rows = conn.execute(_sql("discover", self.schema), params).fetchall()
+        rows = conn.execute(_sql(name, self.schema), params).fetchall()
         waits = [wait for task_id, kind, wait in rows if task_id is None and kind is not None]
         self.wake_in_s = min(waits) if waits else None
         sweeps = [wait for task_id, kind, wait in rows if task_id is None and kind is None]
@@ -230,6 +242,7 @@ class QueueProtocol(Lanes):
                 "ceilings_s": registry.ceilings_seconds,
                 "max_attempts": registry.max_attempts(self.max_attempts),
                 **limit_params(registry.concurrency_limits, registry.rates, shared),
+                "fair": registry.fair_types,
             }
             literals = {k: v if v is None else array_literal(v) for k, v in arrays.items()}
             keys: dict[str, list[str]] = {}
@@ -243,6 +256,7 @@ class QueueProtocol(Lanes):
                 registry.claim_locked,
                 frozenset(registry.rates) | shared_rated,
                 keys,
+                frozenset(registry.fair_types),
             )
         return cached
 
@@ -275,13 +289,29 @@ class QueueProtocol(Lanes):
         rated = self._shape(registry).rated
         return f"{name}_rated" if rated and not rated.isdisjoint(lock_types) else name
 
-    def claim(self, ids: Sequence[int], registry: Registry) -> Claimed | None:
+    def claim(
+        self, ids: Sequence[int], registry: Registry, lease_token: str | None = None
+    ) -> Claimed | None:
+        """`lease_token`: the new lease's token (a uuid's text), when the caller must be able
+        to find its claim again (see held_lease); None: drawn by the server."""
         if not ids:
             return None
         lock = self._lock_types(ids, registry)
-        name = self._rated("claim", lock, registry)
-        _, rows = self._write(name, self._claim_params(ids, registry), lock)
+        name = self._rated("claim_fair" if self._fair(ids, registry) else "claim", lock, registry)
+        params = {**self._claim_params(ids, registry), "lease_token": lease_token}
+        _, rows = self._write(name, params, lock)
         return Claimed(*rows[0]) if rows else None
+
+    def _fair(self, ids: Sequence[int], registry: Registry) -> bool:
+        """Whether this claim may pick a fair type's row (its turn is stamped then): one
+        among the candidates when the last discovery found them all, else any served."""
+        fair = self._shape(registry).fair
+        if not fair:
+            return False
+        known = self._candidate_types
+        if all(task_id in known for task_id in ids):
+            return any(known[i] in fair for i in ids)
+        return True
 
     # fenced settlements
 
@@ -325,6 +355,14 @@ class QueueProtocol(Lanes):
             "settling": task_id,
             "settling_token": token,
         }
+        if self._fair(ids, registry):
+            # A fair type's claim stamps its group's turn (claim_fair), which no claim riding
+            # on a settlement does: settle, then claim, two transactions.
+            if linked is not None:
+                self.dequeue_linked(task_id, token, *linked)
+            else:
+                self.dequeue(task_id, token, kept=kept)
+            return self.claim(ids, registry, lease_token)
         name = "dequeue_claim"
         if linked is not None and member:
             name = "dequeue_member_claim"
@@ -474,6 +512,11 @@ class QueueProtocol(Lanes):
         before = ("event_lock", {"event": event}) if event is not None else None
         _, rows = self._write("wait_step", params, before=before)
         return (str(rows[0][0]), rows[0][1]) if rows else None
+
+    def prune_turns_batch(self, retention_s: float, batch: int = 1000) -> int:
+        """Up to `batch` fair types' group turns older than the retention (`turns_prune`)."""
+        count, _ = self._write("turns_prune", {"retention_s": retention_s, "batch": batch})
+        return count
 
     def prune_events_batch(self, retention_s: float, batch: int = 1000) -> int:
         """Up to `batch` emits older than the retention (sql `events_prune`)."""

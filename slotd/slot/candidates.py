@@ -54,7 +54,17 @@ class Candidates:
     def next_claim(
         self, repo: Repository, registry: Registry, report: Callable[..., Any]
     ) -> Claimed | None:
-        """Claim from what the last discovery found before discovering again."""
+        """Claim from what the last discovery found before discovering again. A registry
+        with fair types (#39) claims from a fresh discovery each time, and never on a
+        settlement: whose turn it is changes with every start (sql `discover_fair`)."""
+        claimed = self._next_claim(repo, registry, report)
+        if registry.fair_types:
+            self.batch = []
+        return claimed
+
+    def _next_claim(
+        self, repo: Repository, registry: Registry, report: Callable[..., Any]
+    ) -> Claimed | None:
         if self.batch and (claimed := self._claim(repo, registry)) is not None:
             return claimed
         if not self._discover(repo, registry, report, on_primary=False):
@@ -104,6 +114,7 @@ class Candidates:
             on_primary=on_primary,
             rates=registry.rates,
             shared=registry.shared_rows,
+            fair=registry.fair_types,
         )
         self.limit = self.widened(time.monotonic() - started)
         self.retry_in = repo.wake_in_s

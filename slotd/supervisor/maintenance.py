@@ -50,6 +50,9 @@ def prune(
         # Emits kept for waits that begin late (ctx.wait_event), for the same retention.
         while repo.prune_events_batch(retention.total_seconds(), batch=batch) >= batch:
             pass
+        # Fair types' turns of groups that started nothing since (sql/081).
+        while repo.prune_turns_batch(retention.total_seconds(), batch=batch) >= batch:
+            pass
         return total, None
     except Exception as exc:
         return total, exc

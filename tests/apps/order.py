@@ -91,3 +91,9 @@ for name, shared in (
     ("ord.grouped_b", "tenant"),
 ):
     registry.register(name, _run, ceiling=timedelta(seconds=10), limits=[shared])
+
+
+@registry.handler("ord.fair", ceiling=timedelta(seconds=10), fair=True)
+def fair(task: slotd.Task, ctx: slotd.Context) -> None:
+    """A type whose groups take turns."""
+    _run(task, ctx)
