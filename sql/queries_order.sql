@@ -30,18 +30,22 @@ RETURNING s.name, s.last_pos, s.halted_by IS NOT NULL AS halted
 -- the sequence still holds it, or behind an earlier member of the same enqueue. Marked
 -- has_dependants, so every settlement of it takes the linked statements, which move the
 -- sequence on (fragment sequence_moved).
+-- Per sequence once, not per row: the new rows are not in their sequence yet (this places
+-- them), so any member found holding it is an earlier one.
 WITH input AS (
-    SELECT i.id, i.name, i.pos
+    SELECT i.id, i.name, i.pos, min(i.pos) OVER (PARTITION BY i.name) AS first_pos
     FROM unnest(%(ids)s::bigint[], %(names)s::text[], %(positions)s::bigint[])
          AS i(id, name, pos)
-), placed AS (
-    SELECT i.id, i.name, i.pos,
+), held AS (
+    SELECT n.name,
            (s.halted_by IS NOT NULL
-            OR i.pos > (SELECT min(j.pos) FROM input j WHERE j.name = i.name)
             OR EXISTS (SELECT 1 FROM slotd_tasks t
-                       WHERE t.sequence = i.name AND t.id <> ALL(%(ids)s::bigint[])
-                         AND {sequence_holding})) AS waits
-    FROM input i JOIN slotd_sequences s ON s.name = i.name
+                       WHERE t.sequence = n.name AND {sequence_holding})) AS held
+    FROM (SELECT DISTINCT i.name FROM input i) n
+    JOIN slotd_sequences s ON s.name = n.name
+), placed AS (
+    SELECT i.id, i.name, i.pos, h.held OR i.pos > i.first_pos AS waits
+    FROM input i JOIN held h ON h.name = i.name
 )
 UPDATE slotd_tasks t
 SET sequence = p.name, sequence_pos = p.pos, has_dependants = true,
@@ -211,57 +215,60 @@ WHERE t.task_type = %(task_type)s AND t.key = %(key)s AND t.unique_pending
   AND isfinite(t.run_at)
 RETURNING t.id
 
--- predicate: within_shared
--- Shared limits (Registry.limit, a handler's limits=[...]): the row's type is under each
--- limit it names, counted over live leases of every type under that limit (of the row's
--- group too, for max_running_per_group). shared_types / shared_names / shared_max /
--- shared_max_group are parallel arrays, one entry per (type, limit) (slotd.registry
--- shared_rows); a type under none is one scan of those arrays and nothing else. Race-safe
--- only under the claim lock of each limit ('@name', taken with the types', sorted: see
--- claim_lock), like within_limits, which splices it. In a CASE, so the planner never makes
--- the NOT EXISTS an anti-join over every due row: a discovery must stop at its LIMIT.
-(CASE WHEN t.task_type <> ALL(%(shared_types)s::text[]) THEN true ELSE NOT EXISTS (
-    SELECT 1
-    FROM unnest(%(shared_types)s::text[], %(shared_names)s::text[], %(shared_max)s::int[],
-                %(shared_max_group)s::int[]) AS m(task_type, name, most, most_group)
-    WHERE m.task_type = t.task_type
-      AND ((m.most IS NOT NULL
-            AND (SELECT count(*) FROM slotd_tasks l
-                 WHERE l.task_type IN (SELECT x.task_type
-                                       FROM unnest(%(shared_types)s::text[],
-                                                   %(shared_names)s::text[]) AS x(task_type, name)
-                                       WHERE x.name = m.name)
-                   AND l.lease_token IS NOT NULL AND l.lease_expires_at > now()
-                   AND NOT coalesce(l.id = %(settling)s::bigint
-                                    AND l.lease_token = %(settling_token)s::uuid, false))
-                >= m.most)
-        OR (m.most_group IS NOT NULL AND t.task_group IS NOT NULL
-            AND (SELECT count(*) FROM slotd_tasks l
-                 WHERE l.task_type IN (SELECT x.task_type
-                                       FROM unnest(%(shared_types)s::text[],
-                                                   %(shared_names)s::text[]) AS x(task_type, name)
-                                       WHERE x.name = m.name)
-                   AND l.task_group = t.task_group
-                   AND l.lease_token IS NOT NULL AND l.lease_expires_at > now()
-                   AND NOT coalesce(l.id = %(settling)s::bigint
-                                    AND l.lease_token = %(settling_token)s::uuid, false))
-                >= m.most_group))) END)
+-- fragment: shared_full
+-- The types under a shared limit whose max_running is reached (Registry.limit): each limit's
+-- live leases counted once, over all of its types. Uncorrelated: read once per statement
+-- (a hashed SubPlan), whatever the number of rows or types it is tested against.
+-- shared_types / shared_names / shared_max / shared_max_group are parallel arrays, one
+-- entry per (type, limit) (slotd.registry shared_rows). settling / settling_token: the row
+-- the same statement is dequeuing, whose place is free (as in within_limits).
+SELECT x.task_type
+FROM unnest(%(shared_types)s::text[], %(shared_names)s::text[]) AS x(task_type, name)
+WHERE x.name IN (
+    SELECT lim.name
+    FROM (SELECT DISTINCT m.name, m.most
+          FROM unnest(%(shared_names)s::text[], %(shared_max)s::int[]) AS m(name, most)
+          WHERE m.most IS NOT NULL) lim
+    WHERE (SELECT count(*) FROM slotd_tasks l
+           WHERE l.task_type IN (SELECT y.task_type
+                                 FROM unnest(%(shared_types)s::text[],
+                                             %(shared_names)s::text[]) AS y(task_type, name)
+                                 WHERE y.name = lim.name)
+             AND l.lease_token IS NOT NULL AND l.lease_expires_at > now()
+             AND NOT coalesce(l.id = %(settling)s::bigint
+                              AND l.lease_token = %(settling_token)s::uuid, false))
+          >= lim.most)
 
--- predicate: shared_open
--- The discovery's type_open for shared limits: a type under a limit whose max_running is
--- reached is closed before its rows are read (a filter per row would walk its whole due
--- range). Read once per statement (an uncorrelated sub-select).
-(s.task_type NOT IN (
-    SELECT m.task_type
-    FROM unnest(%(shared_types)s::text[], %(shared_names)s::text[], %(shared_max)s::int[])
-         AS m(task_type, name, most)
-    WHERE m.most IS NOT NULL
+-- predicate: within_shared
+-- Shared limits (Registry.limit, a handler's limits=[...]): the row's type is not under a
+-- limit that is full (shared_full), nor, for a limit with max_running_per_group, one whose
+-- count over the row's group across all its types is reached. A type under none is one
+-- array test. Race-safe only under the claim lock of each limit ('@name', taken with the
+-- types', sorted: see claim_lock), like within_limits, which splices it. In a CASE, so the
+-- planner never makes the NOT EXISTS an anti-join over every due row: a discovery must stop
+-- at its LIMIT.
+(CASE WHEN t.task_type <> ALL(%(shared_types)s::text[]) THEN true
+ ELSE t.task_type NOT IN ({shared_full})
+  AND (t.task_group IS NULL OR NOT EXISTS (
+    SELECT 1
+    FROM unnest(%(shared_types)s::text[], %(shared_names)s::text[],
+                %(shared_max_group)s::int[]) AS m(task_type, name, most_group)
+    WHERE m.task_type = t.task_type AND m.most_group IS NOT NULL
       AND (SELECT count(*) FROM slotd_tasks l
            WHERE l.task_type IN (SELECT x.task_type
                                  FROM unnest(%(shared_types)s::text[],
                                              %(shared_names)s::text[]) AS x(task_type, name)
                                  WHERE x.name = m.name)
-             AND l.lease_token IS NOT NULL AND l.lease_expires_at > now()) >= m.most))
+             AND l.task_group = t.task_group
+             AND l.lease_token IS NOT NULL AND l.lease_expires_at > now()
+             AND NOT coalesce(l.id = %(settling)s::bigint
+                              AND l.lease_token = %(settling_token)s::uuid, false))
+          >= m.most_group)) END)
+
+-- predicate: shared_open
+-- The discovery's type_open for shared limits: a type under a full limit is closed before
+-- its rows are read (a filter per row would walk its whole due range).
+(s.task_type NOT IN ({shared_full}))
 
 -- predicate: within_shared_rates
 -- A shared limit's rate (N, window): its starts are counted in a window of their own,
@@ -291,15 +298,16 @@ WHERE m.rate_n IS NOT NULL AND EXISTS (SELECT 1 FROM claimed)
 
 -- name: discover_fair
 -- `discover` for a registry with fair types (@registry.handler(..., fair=True)): the same,
--- but a fair type's candidates take turns by group. Its next %(fair_window)s claimable rows
--- (in ordering-key order, as discover reads them) are ranked by their place in their group
--- (each group's first row, then each group's second...), then by when the group last
--- started a task of the type (slotd_turns, stamped by claim_fair; never: first), then by
--- the ordering key; each row is given the window's ordering keys in that rank (nth_value),
--- so the merge with the other types' rows keeps the fair type's place in time while its own
--- rows go in turns (by their rank among equal keys: a bulk enqueue's rows share one). A group's backlog then delays another group's task by one claim per
--- slot, within the window (a group's task beyond the next fair_window rows of its type is
--- seen when it comes within them).
+-- but a fair type's candidates take turns by group, round robin: the type's groups with live
+-- rows in name order, starting after the group that started last (slotd_turns, stamped by
+-- claim_fair) and wrapping around, each offering its oldest claimable row (by the ordering
+-- key); then its ungrouped rows, as one more group, among its next %(fair_window)s. The
+-- groups are enumerated by a loose scan of slotd_tasks_fair (one descent per group, at most
+-- %(limit)s groups from each side of the last one, never a walk of a group's backlog), so a
+-- group with 100,000 queued costs what a group with one does, and every group with work is
+-- offered within one round. The rows are given the type's own ordering keys in that order
+-- (nth_value), so the merge with the other types keeps the fair type's place in time while
+-- its rows go in turns (by their rank among equal keys).
 (SELECT d.id, d.task_type, NULL::float8 AS wait_s
  FROM (SELECT DISTINCT s.task_type FROM unnest(%(types)s::text[]) AS s(task_type)
        WHERE {type_open}) served
@@ -310,33 +318,80 @@ WHERE m.rate_n IS NOT NULL AND EXISTS (SELECT 1 FROM claimed)
       ORDER BY t.order_at, t.id
       LIMIT %(limit)s)
      UNION ALL
-     (SELECT r.id, r.task_type, r.sort_at, r.by_turn FROM (
-         SELECT q.id, q.task_type, q.by_turn,
-                nth_value(q.order_at, q.by_turn::int) OVER (
-                    ORDER BY q.order_at, q.id
+     (SELECT r.id, r.task_type, r.sort_at, r.turn FROM (
+         SELECT h.id, h.task_type, h.turn,
+                nth_value(h.order_at, h.turn::int) OVER (
+                    ORDER BY h.order_at, h.id
                     ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS sort_at
          FROM (
-             SELECT w.id, w.task_type, w.order_at,
-                    row_number() OVER (ORDER BY w.turn, g.started_at NULLS FIRST,
-                                                w.order_at, w.id) AS by_turn
+             SELECT f.id, f.task_type, f.order_at,
+                    row_number() OVER (ORDER BY f.place, g.lap, g.task_group) AS turn
              FROM (
-                 SELECT t.id, t.task_type, t.order_at, coalesce(t.task_group, '') AS task_group,
-                        row_number() OVER (PARTITION BY t.task_group
-                                           ORDER BY t.order_at, t.id) AS turn
-                 FROM (SELECT t.id, t.task_type, t.order_at, t.task_group
-                       FROM slotd_tasks t
-                       WHERE t.task_type = served.task_type
-                         AND served.task_type = ANY(%(fair)s::text[])
-                         AND {claimable} AND {in_order_window} AND {within_limits}
-                         AND {group_rate_open}
-                       ORDER BY t.order_at, t.id
-                       LIMIT %(fair_window)s) t
-             ) w
-             LEFT JOIN slotd_turns g
-               ON g.task_type = w.task_type AND g.task_group = w.task_group
-         ) q
+                 WITH RECURSIVE last AS (
+                     SELECT coalesce((SELECT x.task_group FROM slotd_turns x
+                                      WHERE x.task_type = served.task_type
+                                      ORDER BY x.started_at DESC LIMIT 1), '') AS task_group
+                 ), after_last(task_group, n) AS (
+                     SELECT (SELECT t.task_group FROM slotd_tasks t
+                             WHERE t.task_type = served.task_type
+                               AND served.task_type = ANY(%(fair)s::text[])
+                               AND t.task_group > (SELECT l.task_group FROM last l)
+                               AND t.attempt_count < t.max_attempts
+                             ORDER BY t.task_group LIMIT 1), 1
+                     UNION ALL
+                     SELECT (SELECT t.task_group FROM slotd_tasks t
+                             WHERE t.task_type = served.task_type
+                               AND t.task_group > a.task_group
+                               AND t.attempt_count < t.max_attempts
+                             ORDER BY t.task_group LIMIT 1), a.n + 1
+                     FROM after_last a WHERE a.task_group IS NOT NULL AND a.n < %(limit)s
+                 ), from_start(task_group, n) AS (
+                     SELECT (SELECT t.task_group FROM slotd_tasks t
+                             WHERE t.task_type = served.task_type
+                               AND served.task_type = ANY(%(fair)s::text[])
+                               AND t.task_group >= '' AND t.attempt_count < t.max_attempts
+                             ORDER BY t.task_group LIMIT 1), 1
+                     UNION ALL
+                     SELECT (SELECT t.task_group FROM slotd_tasks t
+                             WHERE t.task_type = served.task_type
+                               AND t.task_group > b.task_group
+                               AND t.attempt_count < t.max_attempts
+                             ORDER BY t.task_group LIMIT 1), b.n + 1
+                     FROM from_start b
+                     WHERE b.task_group IS NOT NULL AND b.n < %(limit)s
+                       AND b.task_group < (SELECT l.task_group FROM last l)
+                 )
+                 SELECT w.lap, w.task_group, count(*) OVER () AS groups FROM (
+                     SELECT 0 AS lap, a.task_group FROM after_last a
+                     WHERE a.task_group IS NOT NULL
+                     UNION ALL
+                     SELECT 1, b.task_group FROM from_start b, last l
+                     WHERE b.task_group IS NOT NULL AND b.task_group <= l.task_group) w
+             ) g
+             CROSS JOIN LATERAL (
+                 -- Each group's oldest rows, enough between them for a discovery's size:
+                 -- every group's first, then every group's second...
+                 SELECT t.id, t.task_type, t.order_at,
+                        row_number() OVER (ORDER BY t.order_at, t.id) AS place
+                 FROM slotd_tasks t
+                 WHERE t.task_type = served.task_type AND t.task_group = g.task_group
+                   AND {claimable} AND {in_order_window} AND {within_limits}
+                   AND {group_rate_open}
+                 ORDER BY t.order_at, t.id
+                 LIMIT ceil(%(limit)s::float8 / g.groups)::int) f
+             UNION ALL
+             (SELECT u.id, u.task_type, u.order_at, 1000000 AS turn FROM (
+                 SELECT t.id, t.task_type, t.order_at, t.task_group FROM slotd_tasks t
+                 WHERE t.task_type = served.task_type
+                   AND served.task_type = ANY(%(fair)s::text[])
+                   AND {claimable} AND {in_order_window} AND {within_limits}
+                 ORDER BY t.order_at, t.id
+                 LIMIT %(fair_window)s) u
+              WHERE u.task_group IS NULL
+              LIMIT %(limit)s)
+         ) h
      ) r
-     ORDER BY r.by_turn
+     ORDER BY r.turn
      LIMIT %(limit)s)
  ) d
  ORDER BY d.order_at, d.turn_rank, d.id

@@ -36,7 +36,7 @@ def test_groups_take_turns_the_least_recently_started_first(conn: psycopg.Connec
     plain = slotd.enqueue(conn, "ord.step", {})
     found = _discover(repo, ["ord.fair", "ord.step"])
     # Each group's first task before any group's second; the other type merged in by time.
-    assert found[:2] == [a[0], b] and set(found) == {*a, b, plain}
+    assert found[:3] == [a[0], b, a[1]] and set(found) == {*a, b, plain}
     first = repo.claim(found, _registry())
     assert first is not None and first.id == a[0]
     turn = conn.execute("SELECT task_group FROM slotd_turns WHERE task_type = 'ord.fair'")
