@@ -569,7 +569,6 @@ rate_starts AS (
     ) AS b(per_group, task_group, allowed, window_s)
     WHERE r.i IS NOT NULL AND b.allowed IS NOT NULL AND b.task_group IS NOT NULL
       AND EXISTS (SELECT 1 FROM claimed)
-    UNION ALL
     {shared_rate_starts}
 ), rate_windows AS (
     -- The window moves on by one start; free_at: when the next start may come (the start

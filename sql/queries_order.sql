@@ -1,6 +1,13 @@
 -- Who runs next (#39): sequences, and the statements beside them. The claim and the
 -- settlements in queries.sql splice the fragments here; every statement aliases
 -- slotd_tasks as t.
+--
+-- Shared limits (within_shared, shared_open, within_shared_rates, shared_rate_starts) are
+-- spliced only into each statement's `<name>_shared` twin (slotd/repository/named.py), which
+-- the repository runs for a registry that declares a shared limit: every table and index a
+-- statement names is opened on each execution whether or not a row of it is read, and the
+-- plain claim with them drained 20% slower (tests/bench/RESULTS.md). Under the plain name
+-- they are spliced as nothing.
 
 -- predicate: sequence_holding
 -- A member that holds its sequence: it has not ended (attempts left and not past its
@@ -289,6 +296,7 @@ WHERE x.name IN (
 -- fragment: shared_rate_starts
 -- claim_rate_record's rows for the shared limits with a rate that the picked row's type is
 -- under: each start counted in the limit's own window ('@name', within_shared_rates).
+UNION ALL
 SELECT '@' || m.name, false, '', m.rate_n, m.rate_s, clock_timestamp()
 FROM picked p
 JOIN unnest(%(shared_types)s::text[], %(shared_names)s::text[], %(shared_rate_n)s::int[],

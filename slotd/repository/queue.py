@@ -14,7 +14,7 @@ from slotd.payload import encode
 from slotd.registry import Rate, Registry, SharedRow
 from slotd.repository.causes import PARENT_EXPIRED, PARENT_FAILED
 from slotd.repository.lanes import Lanes
-from slotd.repository.named import _sql
+from slotd.repository.named import SHARED_SUFFIX, _sql
 from slotd.repository.producing import PRIORITY_SPAN
 from slotd.task import Task
 
@@ -217,6 +217,8 @@ class QueueProtocol(Lanes):
         if fair:  # some served types take turns by group (sql `discover_fair`)
             name = "discover_fair"
             params.update(fair=list(fair), fair_window=FAIR_WINDOW)
+        if shared:  # the twin that carries the shared limits (slotd/repository/named.py)
+            name += SHARED_SUFFIX
         conn = self.write if on_primary else self.read
         rows = conn.execute(_sql(name, self.schema), params).fetchall()
         waits = [wait for task_id, kind, wait in rows if task_id is None and kind is not None]
@@ -286,8 +288,11 @@ class QueueProtocol(Lanes):
     def _rated(self, name: str, lock_types: Sequence[str], registry: Registry) -> str:
         """The claim statement `name`, or its _rated twin when a candidate may be of a rated
         type: only that one names the rate tables (see claim_ctes in sql/queries.sql)."""
-        rated = self._shape(registry).rated
-        return f"{name}_rated" if rated and not rated.isdisjoint(lock_types) else name
+        shape = self._shape(registry)
+        rated = shape.rated
+        name = f"{name}_rated" if rated and not rated.isdisjoint(lock_types) else name
+        # A registry with shared limits runs each claim's twin that carries them.
+        return name + SHARED_SUFFIX if shape.shared_keys else name
 
     def claim(
         self, ids: Sequence[int], registry: Registry, lease_token: str | None = None
