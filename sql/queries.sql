@@ -1128,10 +1128,17 @@ WITH candidates AS MATERIALIZED (
     ORDER BY c.task_type, c.key, CASE WHEN c.key IS NULL THEN c.id END, c.id DESC
 )
 UPDATE slotd_tasks t
-SET attempt_count = 0, run_at = now(),
+SET attempt_count = 0,
+    -- A member of a sequence whose sequence has an active member now (due, running,
+    -- retrying: not waiting) waits its turn (sql/080), so two never run at once; its place
+    -- comes before the others', so it runs next.
+    run_at = CASE WHEN q.busy THEN 'infinity' ELSE now() END,
+    sequence_waiting = coalesce(q.busy, false),
     -- A dependant cancelled while it waited has run_at = order_at = 'infinity' (sql/019):
     -- no head start to keep, and infinity - infinity is an error.
-    order_at = now() - CASE WHEN isfinite(t.run_at) THEN {head_start} ELSE interval '0' END,
+    order_at = CASE WHEN q.busy THEN 'infinity'
+               ELSE now() - CASE WHEN isfinite(t.run_at) THEN {head_start} ELSE interval '0' END
+               END,
     key = coalesce(t.key, t.started_key),
     started_key = CASE WHEN t.unique_pending THEN NULL ELSE t.started_key END,
     lease_token = NULL, lease_expires_at = NULL, cancelled_at = NULL,
@@ -1146,6 +1153,12 @@ SET attempt_count = 0, run_at = now(),
     expires_at = NULL,
     final_attempt_refunded = false  -- a fresh start: a rollout may give one back again
 FROM chosen
+LEFT JOIN LATERAL (
+    SELECT EXISTS (SELECT 1 FROM slotd_tasks t
+                   WHERE t.sequence = x.sequence AND t.id <> x.id AND NOT t.sequence_waiting
+                     AND {sequence_holding}) AS busy
+    FROM slotd_tasks x WHERE x.id = chosen.id AND x.sequence IS NOT NULL
+) q ON true
 WHERE t.id = chosen.id
 RETURNING t.id
 

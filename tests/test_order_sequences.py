@@ -107,6 +107,42 @@ def test_purging_the_member_that_halted_a_sequence_lets_it_go_on(
     assert repo.discover(TYPES, limit=10) == [b]
 
 
+def test_a_dead_retry_of_the_halting_member_runs_it_and_then_the_rest(
+    conn: psycopg.Connection[Any],
+) -> None:
+    repo = Repository(conn)
+    a = slotd.enqueue(conn, "ord.once", {}, sequence="d")
+    b = slotd.enqueue(conn, "ord.once", {}, sequence="d")
+    head = repo.claim([a], _registry())
+    assert head is not None
+    repo.record_failure(a, head.token, "boom", linked=True)
+    assert repo.dead_retry_batch(ids=[a]) == [a]
+    assert repo.discover(TYPES, limit=10) == [a]  # the failed one again, before the rest
+    again = repo.claim([a], _registry())
+    assert again is not None
+    repo.dequeue_linked(a, again.token, None, None)  # its success ends the halt
+    assert repo.discover(TYPES, limit=10) == [b]
+    assert slotd.producer.sequences.sequences(conn, halted=True) == []
+
+
+def test_a_retried_member_waits_while_its_sequence_has_an_active_head(
+    conn: psycopg.Connection[Any],
+) -> None:
+    repo = Repository(conn)
+    a = slotd.enqueue(conn, "ord.onward", {}, sequence="r")
+    b = slotd.enqueue(conn, "ord.onward", {}, sequence="r")
+    head = repo.claim([a], _registry())
+    assert head is not None
+    repo.record_failure(a, head.token, "boom", linked=True, sequence_go_on=True)
+    running = repo.claim([b], _registry())  # the sequence went on: b runs
+    assert running is not None
+    assert repo.dead_retry_batch(ids=[a]) == [a]
+    assert _state(conn, a) == "waiting"  # not beside b
+    assert repo.discover(TYPES, limit=10) == []
+    repo.dequeue_linked(b, running.token, None, None)  # b's end: a's turn
+    assert repo.discover(TYPES, limit=10) == [a]
+
+
 def test_an_expired_head_lets_the_next_run(conn: psycopg.Connection[Any]) -> None:
     repo = Repository(conn)
     a = slotd.enqueue(conn, "ord.step", {}, sequence="x", expires_in=timedelta(seconds=30))

@@ -114,11 +114,15 @@ def _one(task_id: int) -> dict[str, Any]:
 def retry_one(target: Executor, task_id: int, schema: str) -> bool:
     """A dead letter back to the start (sql `dead_retry`); False: no dead letter with that
     id, or a live task holds its key."""
-    return bool(target.execute(_sql("dead_retry", schema), _one(task_id)).fetchall())
+    params, lock = _purge(task_id)  # the sequence's lock first, as for a purge
+    target.execute(_sql("sequence_lock_targets", schema), lock)
+    return bool(target.execute(_sql("dead_retry", schema), params).fetchall())
 
 
 async def retry_one_async(target: AsyncExecutor, task_id: int, schema: str) -> bool:
-    cur = await target.execute(_sql("dead_retry", schema), _one(task_id))
+    params, lock = _purge(task_id)
+    await target.execute(_sql("sequence_lock_targets", schema), lock)
+    cur = await target.execute(_sql("dead_retry", schema), params)
     return bool(await cur.fetchall())
 
 

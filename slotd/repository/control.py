@@ -95,7 +95,8 @@ class OperatorControl(Lanes):
     ) -> list[int]:
         self.end_lapsed()
         params = {"task_type": task_type, "ids": list(ids) if ids else None, "batch": batch}
-        _, rows = self._write("dead_retry", params)
+        lock = {"ids": params["ids"], "task_type": task_type, "key": None, "dead": True}
+        _, rows = self._write("dead_retry", params, before=("sequence_lock_targets", lock))
         return [row[0] for row in rows]
 
     def dead_purge_batch(
