@@ -9,6 +9,36 @@ nothing, and is told so (`lost`).
   and sets lease_expires_at = now() + ceiling + margin (repository, sql `claim`). The slot
   puts the lease in its ledger before it tells anyone, so a death from then on is settled by
   the supervisor (`handed_over`), never left to wait out the lease.
+- batched (#43): when the backlog is deep and handlers are short, a slot claims several
+  tasks in one statement (sql `claim_many`, riding on the settlement of the last batch's
+  successes: `dequeue_many_claim_many`), and settles several plain successes in one
+  statement, while every task keeps its own lease: its own random token (128 bits each from
+  the OS's strong source, drawn by the slot so that a lost answer can be asked about,
+  `held_leases`), its own lease stamp and the deadline derived from it, and every
+  settlement fenced on each task's own token (a refused one is settled alone, as any
+  refused plain success). Why: one statement and one commit per task was the floor
+  (tests/bench/RESULTS.md); a batch of n pays one for n. What may be batched: a claim takes
+  only types with neither a concurrency limit nor a rate (`within_limits`/`within_rates`
+  count the leases a statement can see, and rows leased by the same statement are not among
+  them), those are claimed one per statement as before; a settlement holds only plain
+  successes (no dependants, no batch, no stored result or history: `deferrable`);
+  everything else (failures, cancels, snoozes, linked and kept successes) is settled alone,
+  at once. The claim checks {claimable} per row as the single claim does, so pauses,
+  expiry, waits and steps (returned with each claim) hold unchanged. How many (measured,
+  slotd/slot/batching.py): n = min(20, the candidates in hand, 50 ms / the slot's average
+  attempt), so the last task of a batch waits about 50 ms for the ones before it; below
+  two, one claim per statement as before (at low load a wake claims one task). Bounds on
+  the waits: a prefetched task not started within 1 s of its claim (a quarter of its
+  ceiling if less) is released unstarted, its attempt given back, due at once for any slot
+  (a prefetched task never starts late in its lease, so its deadline is its ceiling, less
+  that second at most); a held success waits at most 50 ms for its statement, also while
+  another attempt runs. The ledger holds the batch (`claimed_many`, `started`, `deferred`;
+  slotd/slot/ledger.py): a slot that dies holding one is settled at once by its supervisor
+  (`handed_over`, by `batched_words`): each held success dequeued (never run again), each
+  prefetched task released with its attempt given back, the running one as for any death.
+  A stop (SIGTERM) gives the batch back at once, while the running attempt has its
+  shutdown grace: prefetched tasks released unstarted (`released_unstarted`), held
+  successes settled.
 - advanced: a sliced handler's cursor (sql `advance_cursor`) rewrites the payload and resets
   the attempt count, fenced on the token, and KEEPS the lease. The seed unleased the row at
   the advance, because its worker could die unseen between the advance and the return; a
@@ -165,9 +195,21 @@ that carries it out is read room by room (every name is imported from here: call
 - holder.py: the slot's transitions, `claimed`, `advance`, `step`, and `conclude` with the retries
   of a settlement whose answer was lost ("answer lost", "Order");
 - handover.py: `handed_over`, a dead slot's lease settled by its supervisor ("handed over");
+- batched.py: a slot's batch, `claimed_many`, `started`, `deferred`, `conclude_many`,
+  `released_unstarted`, `batched_words` ("batched");
 - sweeps.py: `expire`, `lapse` and `sweep` ("expired", "lapsed");
 - settlement.py: the `Settlement` every one of them returns, and its log line."""
 
+from slotd.lifecycle.batched import (
+    batched_words,
+    claimed_many,
+    conclude_many,
+    deferrable,
+    deferred,
+    released_unstarted,
+    started,
+    unstarted,
+)
 from slotd.lifecycle.by_outcome import (
     DISCARD,
     MAX_SNOOZES,
@@ -194,6 +236,14 @@ __all__ = [
     "Swept",
     "Writer",
     "advance",
+    "batched_words",
+    "claimed_many",
+    "conclude_many",
+    "deferrable",
+    "deferred",
+    "released_unstarted",
+    "started",
+    "unstarted",
     "claimed",
     "conclude",
     "expire",

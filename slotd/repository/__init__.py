@@ -13,6 +13,7 @@ concern:
 - testmodes: the test modes' views and clock
 - dashboard: the web dashboard's reads
 - dependencies: enqueue(..., after=): parents marked, dependants waiting, cancels cascaded
+- batched: several tasks claimed, several successes settled, per statement (#43)
 - batches: slotd.batch: the batch row, its tasks joining it, the seal, the operators' reads
 - results: stored results (slotd.result), their notifications and their prune
 - sessions: liveness, LISTEN/NOTIFY, lock waits of one connection's session
@@ -22,6 +23,7 @@ importable from `slotd.repository`."""
 
 from __future__ import annotations
 
+from slotd.repository.batched import BatchedQueue, lease_tokens
 from slotd.repository.batches import BatchInFlight, BatchState, BatchStore
 from slotd.repository.control import (
     CONTROL_CHANNEL,
@@ -94,6 +96,7 @@ from slotd.repository.sessions import (
 from slotd.repository.testmodes import Inspection
 
 __all__ = [
+    "BatchedQueue",
     "CONTROL_CHANNEL",
     "ERROR_LIMIT",
     "PRIORITY_RANGE",
@@ -132,6 +135,7 @@ __all__ = [
     "enqueue_params",
     "execute",
     "id_array",
+    "lease_tokens",
     "limit_params",
     "listen",
     "listen_control",
@@ -156,6 +160,7 @@ __all__ = [
 
 
 class Repository(
+    BatchedQueue,
     QueueProtocol,
     OperatorControl,
     Fleet,

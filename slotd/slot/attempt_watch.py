@@ -91,6 +91,11 @@ class WatchedSlot(Protocol):
 
     def _report(self, *message: Any) -> None: ...
 
+    def batch_chores(self) -> float | None: ...
+
+    @property
+    def holds_batch(self) -> bool: ...
+
     def _write(self, write: Any, claimed: Claimed) -> Any: ...
 
 
@@ -141,6 +146,9 @@ class AttemptWatch:
         # longer attempt gets it at the watchdog's next wake, at most a second later.
         first = True
         while True:
+            # The batch's bounds hold while this attempt runs (a stop gives it back at once;
+            # the running attempt has its shutdown grace).
+            batch_in = s.batch_chores() if s.holds_batch else None
             now = time.monotonic()
             self.cancel.look_if_due(now, claimed, s.conns.repo)
             cancelled = self.cancel.reason is not None
@@ -168,6 +176,8 @@ class AttemptWatch:
                 proc.set_title(f"{label} {now - dog.started:.0f}s/{ceiling.total_seconds():.0f}s")
             first = False
             timeout = s.bell.pay_what_is_due(dog.wait_for(now))
+            if batch_in is not None:
+                timeout = batch_in if timeout is None else min(timeout, batch_in)
             watched = [runner_.conn, s.selfpipe]
             if runner_.watch.fd is not None:  # no pidfd (old kernel, seccomp): polled below
                 watched.append(runner_.watch)

@@ -94,6 +94,18 @@ class Candidates:
         else:  # every candidate offered was gone: the rest may not be
             self.batch = self.batch[self.per_claim :]
 
+    def offered(self) -> list[int]:
+        """What a batched claim riding on a settlement offers: a discovery's healthy size
+        at most, as `_claim` offers."""
+        return self.batch[: self.base]
+
+    def chained_many(self, offered: list[int], claims: list[Claimed]) -> None:
+        """After a batched claim that offered `offered`: drop what it consumed."""
+        if claims:
+            self.consumed(claims[-1])
+        else:
+            self.batch = self.batch[len(offered) :]
+
     def consumed(self, claimed: Claimed) -> None:
         # The claim takes the oldest claimable candidate, so every candidate before it was
         # already taken by another slot: drop those too rather than try them again.

@@ -20,9 +20,17 @@ handler's end and its settlement (then a success is dequeued, never run again; s
 slotd/supervisor/orphans.py), so the slot leaves it here before settling, without a message,
 and the supervisor reads it only once the slot is dead.
 
+A batch (#43, the rule book's "batched"): the leases a slot holds besides the running one,
+in a record of their own: each prefetched task it claimed and has not started (WAITING),
+and each plain success it ran and has not settled yet (DONE, its last words). A lease moves
+between the records in an order that leaves it in the batch record whenever a kill could
+find it in both (the batch's word wins: a WAITING task never reached its runner, a DONE one
+ran to success), and the settlements of a batch go into the ring before the batch record
+drops them, so `batch()` leaves out what the ring says was settled.
+
 Layout: written count (u64, the slot's), consumed count (u64, the supervisor's), the lease
-record, the last-words record (each a `_Record`: keyed by the lease token), then CAPACITY
-settlement records."""
+record, the last-words record, the batch record (each a `_Record`: keyed by the lease
+token, the batch's by BATCH_KEY), then CAPACITY settlement records."""
 
 from __future__ import annotations
 
@@ -49,10 +57,15 @@ LEASE_MAX = 16 * 1024
 # Room for a stored result (bounded by RESULT_MAX) beside a cut traceback: the supervisor
 # settles a dead slot's success by these words, value and all.
 WORDS_MAX = RESULT_MAX + 64 * 1024
+# A batch of leases (lean, state): room for slotd.slot.batching.MAX_BATCH of each state.
+BATCH_MAX = 64 * 1024
+WAITING, DONE = "waiting", "done"
+BATCH_KEY = b"\x01" * 16
 _COUNTS = struct.Struct("<QQ")
 LEASE_AT = _COUNTS.size
 WORDS_AT = LEASE_AT + LEASE_MAX
-_RING = WORDS_AT + WORDS_MAX
+BATCH_AT = WORDS_AT + WORDS_MAX
+_RING = BATCH_AT + BATCH_MAX
 SIZE = _RING + CAPACITY * RECORD_SIZE
 _NO_TOKEN = bytes(16)
 OUTCOMES = tuple(str(o) for o in Outcome)
@@ -115,6 +128,8 @@ class Ledger:
         self.count = 0  # the slot's own copy of the written count
         self._lease = _Record(self.page, LEASE_AT, LEASE_MAX)
         self._words = _Record(self.page, WORDS_AT, WORDS_MAX)
+        self._batch = _Record(self.page, BATCH_AT, BATCH_MAX)
+        self.batched: dict[bytes, tuple[tuple[Any, ...], str]] = {}  # the slot's own copy
 
     # the slot's side
 
@@ -168,6 +183,26 @@ class Ledger:
             cut = replace(result, error=storable(result.error or "", 4000))
             self._words.put(token.bytes, cut.fields())
 
+    def batch_put(self, leases: list[Claimed], state: str) -> None:
+        """These leases into the batch record, as `state` (WAITING: claimed, not started;
+        DONE: ran to success, not settled)."""
+        for lease in leases:
+            self.batched[lease.token.bytes] = (lean(lease), state)
+        self._batch_write()
+
+    def batch_drop(self, tokens: list[bytes]) -> None:
+        """Leases that left the batch: started (after `hold`), or settled (after their
+        records went into the ring)."""
+        for token in tokens:
+            self.batched.pop(token, None)
+        self._batch_write()
+
+    def _batch_write(self) -> None:
+        if not self.batched:
+            self._batch.clear()
+        elif not self._batch.put(BATCH_KEY, list(self.batched.values())):
+            raise RuntimeError("a batch larger than the ledger's batch record")
+
     def unread(self) -> int:
         return self.count - _COUNTS.unpack_from(self.page)[1]
 
@@ -202,6 +237,25 @@ class Ledger:
             if RECORD.unpack_from(self.page, at)[4] == lease.token.bytes:
                 return None
         return lease
+
+    def batch(self) -> list[tuple[Claimed, str]]:
+        """The leases the slot held in its batch when it died, with their state, less those
+        the ring's last records say were settled (a kill between the two writes of a
+        batch's settlement)."""
+        entries = self._batch.get(BATCH_KEY)
+        if not entries or self.page.closed:
+            return []
+        written = _COUNTS.unpack_from(self.page)[0]
+        recent = set()
+        for n in range(max(0, written - 2 * len(entries)), written):
+            at = _RING + (n % CAPACITY) * RECORD_SIZE
+            recent.add(RECORD.unpack_from(self.page, at)[4])
+        out = []
+        for fields, state in entries:
+            lease = unlean(fields)
+            if lease is not None and lease.token.bytes not in recent:
+                out.append((lease, state))
+        return out
 
     def heard(self, token: uuid.UUID) -> Result | None:
         """The slot's last words about this lease, after it died; None if it said none."""

@@ -29,6 +29,7 @@ from slotd.lifecycle import Settlement, not_started
 from slotd.outcome import CRASHED, Result, past
 from slotd.repository import Claimed
 from slotd.slot.attempt_watch import AttemptWatch
+from slotd.slot.batching import Batch
 from slotd.slot.bell import Bell
 from slotd.slot.candidates import Candidates
 from slotd.slot.connections import SlotConnections
@@ -79,6 +80,7 @@ class Slot:
         )
         self.bell = Bell(spec.ledger, self._report, lambda: self.runners.pid)
         self.attempt = AttemptWatch(self)  # the watch over each attempt (slotd.attempt_watch)
+        self.batch = Batch(settings.lease_margin)  # prefetched and unsettled (#43)
 
     # process set-up and the loop
 
@@ -152,7 +154,15 @@ class Slot:
     def _loop(self) -> None:
         awake = False
         claimed: Claimed | None = None  # the next task, when a settlement claimed it
-        while claimed is not None or not self.stopping:
+        while claimed is not None or self.batch.holds or not self.stopping:
+            if claimed is None and self.batch.holds:
+                try:
+                    claimed = self._from_batch()
+                except psycopg.OperationalError as exc:
+                    self.conns.reconnect(exc)
+                    continue
+                if claimed is None:
+                    continue
             if claimed is None:
                 self.runners.between_tasks(self.reload, lambda: self.stopping)
                 self.reload = False
@@ -178,6 +188,81 @@ class Slot:
                 self._report("claimed", claimed, self.runners.pid, self.spec.ledger.count)
             claimed = self._handle(claimed)
             self.bell.settled()
+
+    def _from_batch(self) -> Claimed | None:
+        """The next prefetched task to run, after what is due first: a stop gives the
+        batch back; a prefetched task past its wait bound is released; held successes due
+        for their statement are settled, with the next batch's claim riding on it when
+        nothing is left to run (slotd.slot.batching)."""
+        batch = self.batch
+        if self.stopping:
+            self.give_back()
+            return None
+        if late := batch.overdue():
+            self._release_unstarted(late, "it waited too long behind its batch")
+        if batch.settle_due():
+            self._settle_batch(chain=not batch.waiting)
+        claimed = batch.next()
+        if claimed is not None:
+            lifecycle.started(self.spec.ledger, claimed)
+            self.bell.holding = claimed
+        return claimed
+
+    @property
+    def holds_batch(self) -> bool:
+        return self.batch.holds
+
+    def batch_chores(self) -> float | None:
+        """While an attempt runs, the batch's bounds still hold (slotd.slot.batching): a
+        stop gives it back, a prefetched task past its bound is released for another slot,
+        held successes past theirs are settled. Seconds until the next is due."""
+        if self.stopping:
+            self.give_back()
+            return None
+        if late := self.batch.overdue():
+            self._release_unstarted(late, "it waited too long behind its batch")
+        if self.batch.held_too_long():
+            self._settle_batch(chain=False)
+        return self.batch.due_in()
+
+    def give_back(self) -> None:
+        """A stop: the prefetched tasks released unstarted, the held successes settled,
+        at once (not after the running attempt: it may take the whole shutdown grace)."""
+        if self.batch.waiting:
+            self._release_unstarted(self.batch.take_waiting(), "the replica is stopping")
+        if self.batch.done:
+            self._settle_batch(chain=False)
+
+    def _release_unstarted(self, leases: list[Claimed], reason: str) -> None:
+        lifecycle.released_unstarted(
+            lambda write: self._write(write, leases[0]),
+            self.spec.ledger,
+            leases,
+            reason,
+            report=self._report,
+            logger=self.log,
+        )
+
+    def _settle_batch(self, chain: bool) -> None:
+        """The held successes in one statement, the next batch's claim riding on it."""
+        done = self.batch.take_done()
+        then = None
+        offered: list[int] = []
+        if chain and self._may_chain():
+            offered = self.candidates.offered()
+            then = (offered, self.batch.size(len(self.candidates.batch)))
+        claims = lifecycle.conclude_many(
+            lambda write: self._write(write, done[0][0]),
+            self.spec.ledger,
+            done,
+            self.runners.registry,
+            then_claim=then,
+            report=self._report,
+            logger=self.log,
+        )
+        if then is not None:
+            self.candidates.chained_many(offered, claims)
+        self.batch.fetched(claims)
 
     def _next_claim(self) -> Claimed | None:
         repo = self.conns.repo if self.conns.repo is not None else self.conns.connect()
@@ -253,6 +338,14 @@ class Slot:
             result = self.attempt.run(claimed, self.runners.current, deadline)
             if result.duration is None:
                 result.duration = time.monotonic() - started
+        self.batch.measured(result.duration)
+        if self._defer(claimed, result):
+            self.bell.holding = None
+            if self.batch.settle_due():
+                self._settle_batch(chain=not self.batch.waiting)
+            if self.runners.current is None and not self.stopping:
+                self._spawn_runner()
+            return None
         # Settled (database and ledger) before the next runner is forked: crash backoff and
         # a slow import could otherwise outlast the lease, and the supervisor would find the
         # settled lease still in the ledger if this slot died meanwhile.
@@ -263,9 +356,24 @@ class Slot:
         self.candidates.chained(settlement.claim_tried, settlement.next)
         return settlement.next
 
+    def _defer(self, claimed: Claimed, result: Result) -> bool:
+        """Hold a plain success for its batch's statement (slotd.slot.batching): while a
+        batch is in hand, or when the next claim would be one of several."""
+        repo = self.conns.repo
+        if repo is None or not lifecycle.deferrable(claimed, result, repo.keep_history_s):
+            return False
+        if not self.batch.holds and (
+            not self._may_chain() or self.batch.size(len(self.candidates.batch)) < 2
+        ):
+            return False
+        lifecycle.deferred(self.spec.ledger, claimed)
+        self.batch.defer(claimed, result)
+        return True
+
     def _settle(self, claimed: Claimed, result: Result) -> Settlement:
         registry = self.runners.registry
-        chain = (self.candidates.window(), registry) if self._may_chain() else None
+        alone = self.batch.holds  # a batch in hand: its statement claims the next ones
+        chain = (self.candidates.window(), registry) if self._may_chain() and not alone else None
         return lifecycle.conclude(
             lambda write: self._write(write, claimed),
             self.spec.ledger,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from slotd import proc
+from slotd import lifecycle, proc
 from slotd.outcome import Result
 from slotd.repository import Claimed
 from slotd.slot.ledger import Ledger, Settled
@@ -139,9 +139,17 @@ class SlotPool:
         # What it wrote and did not ring for, and the lease it held: from the page, which
         # nothing writes any more (slotd.ledger).
         self.read_ledger(handle, None)
+        batch = handle.ledger.batch()  # its prefetched tasks and unsettled successes (#43)
+        batched = {lease.token.bytes for lease, _ in batch}
         handle.lease = handle.ledger.lease()
-        if handle.lease is not None and handle.lease.token.bytes != handle.settled_token:
+        if (
+            handle.lease is not None
+            and handle.lease.token.bytes != handle.settled_token
+            and handle.lease.token.bytes not in batched  # the batch's word wins: see ledger
+        ):
             self._orphaned(handle.lease, handle.ledger.heard(handle.lease.token))
+        for lease, state in batch:
+            self._orphaned(lease, lifecycle.batched_words(state))
         handle.ledger.close()
         if self.stopping:
             return

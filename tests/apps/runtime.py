@@ -36,6 +36,51 @@ def noop(task: slotd.Task, ctx: slotd.Context) -> None:
     _record(task, "end")
 
 
+_tally_conn: list[psycopg.Connection[Any]] = []  # one per runner: a short handler (#43)
+
+
+@registry.handler("rt.tally", ceiling=timedelta(seconds=30))
+def tally(task: slotd.Task, ctx: slotd.Context) -> None:
+    """A short handler (one statement on a connection its runner keeps) that records the
+    lease it runs under, as the database has it: the claim's stamp, its token and the
+    lease's length. {"stop_in_batch": "kill" | "term"}: see below."""
+    if not _tally_conn:
+        _tally_conn.append(psycopg.connect(os.environ["SLOTD_DATABASE_URL"], autocommit=True))
+    _tally_conn[0].execute(
+        "INSERT INTO executions (task_id, attempt, phase, pid, note)"
+        " SELECT t.id, %s, 'start', %s, concat_ws('|', t.last_attempted_at, t.lease_token,"
+        " extract(epoch FROM t.lease_expires_at - t.last_attempted_at))"
+        " FROM slotd_tasks t WHERE t.id = %s",
+        (task.attempt, os.getpid(), task.id),
+    )
+    stop = task.payload.get("stop_in_batch")  # "kill" its slot, or "term" its replica
+    if stop and task.attempt == 1:
+        # The first such task that runs while its slot holds a prefetched batch (rows leased
+        # that never started) records them, then stops its slot or replica and hangs.
+        held = (
+            _tally_conn[0]
+            .execute(
+                "INSERT INTO executions (task_id, attempt, phase, pid, note)"
+                " SELECT %s, 1, 'blocked', %s, string_agg(t.id::text, ',')"
+                " FROM slotd_tasks t WHERE t.lease_token IS NOT NULL AND t.id <> %s"
+                " AND NOT EXISTS (SELECT 1 FROM executions e WHERE e.task_id = t.id)"
+                " HAVING count(*) > 0 AND NOT EXISTS"
+                " (SELECT 1 FROM executions b WHERE b.phase = 'blocked') RETURNING 1",
+                (task.id, os.getpid(), task.id),
+            )
+            .fetchone()
+        )
+        if held:
+            slot = os.getppid()
+            if stop == "kill":
+                os.kill(slot, signal.SIGKILL)
+            else:
+                with open(f"/proc/{slot}/stat") as stat:  # the slot's parent
+                    supervisor = int(stat.read().rsplit(")", 1)[1].split()[1])
+                os.kill(supervisor, signal.SIGTERM)
+            time.sleep(3600)
+
+
 @registry.handler("rt.quick", ceiling=timedelta(seconds=30))
 def quick(task: slotd.Task, ctx: slotd.Context) -> None:
     pass

@@ -98,6 +98,10 @@ PROFILES = {
         3_000,
     ),
     "quick": Profile(1_000, (1, 4), 2, 1_000, (4,), 50, 6, 2, 50_000, 100, 2_000, 1, 500),
+    # Every contender at 4 workers and the latency at 50 tasks/s, in a quarter of the time.
+    "medium": Profile(
+        5_000, (4,), 1, 5_000, (4,), 300, 30, 11, 100_000, 200, 5_000, 1, 1_000, False
+    ),
 }
 
 
