@@ -455,6 +455,7 @@ FROM slotd_rate_windows w
 WHERE w.free_at > now() AND w.task_type = ANY(%(rated)s::text[])
   AND w.task_type = ANY(%(types)s::text[])
 GROUP BY w.task_type
+{shared_rate_waits}
 UNION ALL
 SELECT NULL, served.task_type, extract(epoch FROM nd.run_at - now())::float8
 FROM (SELECT DISTINCT s.task_type FROM unnest(%(types)s::text[]) AS s(task_type)) served

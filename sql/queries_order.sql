@@ -435,3 +435,16 @@ WHERE (g.task_type, g.task_group) IN (
     SELECT x.task_type, x.task_group FROM slotd_turns x
     WHERE x.started_at < now() - make_interval(secs => %(retention_s)s)
     LIMIT %(batch)s)
+
+-- fragment: shared_rate_waits
+-- discover_waits' row for each full window of a shared rate ('@name'): in how many seconds
+-- it has room again, which no notification announces (the slot's next wake).
+UNION ALL
+SELECT NULL, w.task_type, extract(epoch FROM min(w.free_at) - now())::float8
+FROM slotd_rate_windows w
+WHERE w.free_at > now() AND NOT w.per_group
+  AND w.task_type IN (SELECT '@' || n.name
+                      FROM unnest(%(shared_names)s::text[], %(shared_rate_n)s::int[])
+                           AS n(name, rate_n)
+                      WHERE n.rate_n IS NOT NULL)
+GROUP BY w.task_type

@@ -21,22 +21,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--browser", action="store_true", help="also run the headless-Chromium dashboard tests"
     )
     parser.addoption("--systemd", action="store_true", help="also boot systemd in systemd-nspawn")
+    parser.addoption(
+        "--fresh-venv",
+        action="store_true",
+        help="also run the README's test command in a fresh virtualenv (minutes)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "browser: headless Chromium tests (run with --browser)")
     config.addinivalue_line("markers", "systemd: systemd-nspawn boot tests (run with --systemd)")
+    config.addinivalue_line(
+        "markers", "fresh_venv: the README's full set-up in a fresh virtualenv (--fresh-venv)"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Groups of their own (tests/browser/run.sh, tests/systemd/run.sh, from .ci/run): a
-    # browser, or a booted container, and minutes.
+    # Groups of their own (tests/browser/run.sh, tests/systemd/run.sh,
+    # tests/fresh_venv/run.sh, from .ci/run): a browser, a booted container, or every extra
+    # installed into a new virtualenv, and minutes.
     groups = {
         "browser": "browser tests run with --browser (tests/browser/run.sh)",
         "systemd": "systemd boot tests run with --systemd (tests/systemd/run.sh)",
+        "fresh_venv": "the README's test command in a fresh virtualenv runs with --fresh-venv"
+        " (tests/fresh_venv/run.sh)",
     }
     for marker, reason in groups.items():
-        if config.getoption(f"--{marker}"):
+        if config.getoption(f"--{marker.replace('_', '-')}"):
             continue
         for item in items:
             if marker in item.keywords:

@@ -62,6 +62,8 @@ def test_a_shared_rate_counts_the_starts_of_every_type_under_it(
         "SELECT last_seq, allowed FROM slotd_rate_windows WHERE task_type = '@burst'"
     ).fetchone()
     assert row == (2, 2)
+    # The discovery says when the shared window has room again (no notification will).
+    assert repo.wake_in_s is not None and 50 < repo.wake_in_s <= 60
 
 
 def test_a_shared_limit_per_group(conn: psycopg.Connection[Any]) -> None:

@@ -76,3 +76,24 @@ def test_a_change_to_a_command_or_a_setting_makes_the_page_stale(
     tables = reference_pages.settings_tables()
     assert "| `SLOTD_SLOTS` (`--slots`) | `9` |" in tables
     assert "[`slotd dead retry`](#slotd-dead-retry)" in reference_pages.cli_reference()
+
+
+def test_every_metric_a_replica_exports_is_on_the_metrics_page() -> None:
+    # The metrics page is prose, kept by hand; this keeps it complete: every family a
+    # replica's registry collects (its fleet gauges and rate gauges from a stand-in source)
+    # and every schedule gauge is named on it.
+    from types import SimpleNamespace
+
+    from slotd.ops.metrics import RATE_GAUGES, Metrics
+    from slotd.supervisor.scheduler import ScheduleCollector
+
+    window = {field: 1.0 for _, _, field in RATE_GAUGES}
+    metrics = Metrics(
+        slots=1, task_types=["t"], gauge_source=lambda: {"pending": {}, "rates": {"t": window}}
+    )
+    names = {family.name for family in metrics.registry.collect()}
+    names |= {family.name for family in ScheduleCollector(SimpleNamespace()).describe()}
+    assert len(names) >= 25, names
+    page = (ROOT / "docs/reference/metrics.md").read_text()
+    missing = sorted(n for n in names if not re.search(rf"`{n}(_total)?[{{`]", page))
+    assert missing == [], f"not on docs/reference/metrics.md: {missing}"

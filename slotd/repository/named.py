@@ -186,7 +186,13 @@ def _loaded() -> dict[str, str]:
 # names is opened on each execution, read or not, and the plain claim carrying them drained
 # 20% slower (tests/bench/RESULTS.md).
 SHARED_PARTS = frozenset(
-    ("within_shared", "shared_open", "within_shared_rates", "shared_rate_starts")
+    (
+        "within_shared",
+        "shared_open",
+        "within_shared_rates",
+        "shared_rate_starts",
+        "shared_rate_waits",
+    )
 )
 SHARED_SUFFIX = "_shared"
 
