@@ -2,7 +2,7 @@
 (#42): PostgreSQL in DATABASES, the app in INSTALLED_APPS, slotd's backend in TASKS, and no
 slotd setting or environment variable at all. `manage.py migrate` (its system checks,
 Django's own apps and slotd's tables), an enqueue in `transaction.atomic()` and
-`manage.py slotd run`, which runs the task."""
+`manage.py slotd run`, which runs the task; the result in Django's admin."""
 
 from __future__ import annotations
 
@@ -40,6 +40,21 @@ from django.db import transaction
 from mysite.tasks import greet
 with transaction.atomic():
     print(greet.enqueue("ann").id)
+"""
+
+ADMIN = """
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client
+from django.test.utils import setup_test_environment
+setup_test_environment()
+call_command("makemigrations", "slotd", "--check", "--dry-run", verbosity=0)
+client = Client()
+client.force_login(User.objects.create_superuser("admin", "admin@example.com", "pw"))
+listing = client.get("/admin/slotd/result/")
+detail = client.get("/admin/slotd/result/{id}/change/")
+print(listing.status_code, detail.status_code, "mysite.tasks.greet" in listing.text)
+print(detail.text)
 """
 
 
@@ -108,6 +123,14 @@ def test_a_fresh_startproject_with_only_the_documented_settings(
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=40)
     assert proc.returncode == 0, err
+    # Django's admin (startproject installs it) lists the result and shows, read-only,
+    # what get_result says and slotd's attempts; slotd's app has no pending migration.
+    shown = manage("shell", "-c", ADMIN.format(id=result_id)).stdout.strip().splitlines()
+    first = next(i for i, line in enumerate(shown) if line.startswith("200 "))
+    assert shown[first] == "200 200 True", shown
+    page = "\n".join(shown[first + 1 :])
+    assert "SUCCESSFUL (attempts 1, errors: none, workers: " in page
+    assert "<td>success</td>" in page and "hello ann" in page
     # startproject's DEBUG = True: Django's console handler printed each of the task's log
     # lines beside slotd's own (#42 item 8); once now.
     assert err.count(f"id={result_id} path=mysite.tasks.greet state=SUCCESSFUL") == 1, err
