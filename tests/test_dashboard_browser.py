@@ -624,6 +624,50 @@ def test_a_tasks_page_shows_every_attempt_with_its_error_folded(
         page.set_viewport_size({"width": 1280, "height": 760})
 
 
+def test_an_unfolded_traceback_stays_open_while_the_page_updates(
+    world: dict[str, Any], page: Any
+) -> None:
+    """A task whose first attempt failed runs its second: the page's attempts update every
+    second (the running attempt's duration), and the failure's traceback the operator
+    unfolded stays unfolded through those updates."""
+    conn, tmp = world["conn"], world["tmp"]
+    release = tmp / "release-again"
+    task_id = slotd.enqueue(conn, "dash.again", {"release": str(release)})
+    try:
+        wait_for(
+            lambda: conn.execute(
+                "SELECT attempt_count = 2 AND lease_token IS NOT NULL FROM slotd_tasks "
+                "WHERE id = %s",
+                (task_id,),
+            ).fetchone()[0],
+            what="the second attempt running",
+        )
+        page.goto(world["base"] + f"/tasks/{task_id}")
+        finished_in_place(page)
+        running = page.locator('#attempts tr[data-outcome="running"] td:nth-child(4)')
+        before = running.inner_text()
+        failed = page.locator('#attempts tr[data-outcome="failure"]')
+        failed.locator("summary").click()
+        assert failed.locator("details pre").is_visible()
+        # The operator reads on: the focus and the mouse leave the attempts (a part holding
+        # either waits, by design).
+        page.locator("h1").click()
+        # The attempts part is replaced by a live update (the running duration moved on)...
+        page.wait_for_function(
+            "(before) => document.querySelector("
+            "'#attempts tr[data-outcome=\"running\"] td:nth-child(4)')"
+            ".textContent !== before",
+            arg=before,
+            timeout=20_000,
+        )
+        assert not_reloaded(page)
+        # ...and the traceback is still open.
+        assert failed.locator("details").get_attribute("open") is not None
+        assert f"ValueError: first try of {task_id} fails" in failed.locator("pre").inner_text()
+    finally:
+        release.touch()
+
+
 def test_a_waiting_tasks_page_shows_its_steps_and_what_it_waits_for(
     world: dict[str, Any], page: Any
 ) -> None:

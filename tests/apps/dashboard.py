@@ -51,6 +51,20 @@ def twice(task: slotd.Task, ctx: slotd.Context) -> None:
         raise ConnectionError(f"card gateway timed out for order {task.payload['order']}")
 
 
+@registry.handler(
+    "dash.again",
+    ceiling=timedelta(seconds=60),
+    max_attempts=2,
+    backoff_base=timedelta(milliseconds=10),
+    backoff_cap=timedelta(milliseconds=20),
+)
+def again(task: slotd.Task, ctx: slotd.Context) -> None:
+    """Fails its first attempt; its second runs until released."""
+    if task.attempt == 1:
+        raise ValueError(f"first try of {task.id} fails")
+    slow(task, ctx)
+
+
 @registry.handler("dash.approve", ceiling=timedelta(seconds=30))
 def approve(task: slotd.Task, ctx: slotd.Context) -> None:
     """Charges, reserves, then waits (an hour at most) for its approval event."""

@@ -48,6 +48,12 @@ PAGES = [
     "/tasks",
     "/tasks?type=type_3&after=TASKS",
     "/tasks/ID",
+    "/tasks/LONG",  # 10,000 attempts remembered and 10,000 steps: one page of each
+    "/tasks/LONG?attempts_before=OLDER&steps_from=9950",  # their last pages
+    "/tasks?state=retrying",  # a state search: the newest 10,000 rows walked
+    "/tasks?state=failed&type=type_3",
+    "/tasks?tag=TAG",  # a tag of 100 tasks, by its GIN index
+    "/tasks?state=succeeded",  # 10,000 kept successes
     "/schedules",
     "/types/type_3",
     "/?window=day",
@@ -87,11 +93,16 @@ def page_call(path: str) -> Any:
         return lambda r: pages.task_type(r, route.rsplit("/", 1)[1])
     if route == "/running":
         return lambda r: pages.running(r, timedelta(seconds=30))
+    arg = dict(p.split("=", 1) for p in query.split("&")) if query else {}
     if route.startswith("/tasks/"):
-        return lambda r: pages.task(r, int(route.rsplit("/", 1)[1]))
+        before = int(arg["attempts_before"]) if "attempts_before" in arg else None
+        steps_from = int(arg.get("steps_from", 0))
+        return lambda r: pages.task(r, int(route.rsplit("/", 1)[1]), before, steps_from)
     if route in ("/dead", "/tasks"):
-        arg = dict(p.split("=", 1) for p in query.split("&")) if query else {}
-        search = listings.Search(arg.get("type"), arg.get("q"), arg.get("error"))
+        search = listings.Search(
+            arg.get("type"), arg.get("q"), arg.get("error"), arg.get("state"),
+            unquote(arg["tag"]) if "tag" in arg else None,
+        )  # fmt: skip
         after = listings.parse_cursor(unquote(arg["after"])) if "after" in arg else None
         listing = listings.dead if route == "/dead" else listings.tasks
         return lambda r: listing(r, search, after)
@@ -123,7 +134,10 @@ def main() -> None:
             started = time.perf_counter()
             counts = build(conn, args.rows)
             conn.execute("UPDATE slotd_tasks SET key = 'org:' || id WHERE id % 1000 = 0")
+            long_id, older = long_task(conn)
             conn.execute("VACUUM (ANALYZE) slotd_tasks")
+            conn.execute("VACUUM (ANALYZE) slotd_attempts")
+            conn.execute("VACUUM (ANALYZE) slotd_results")
             built = time.perf_counter() - started
             dead_row = conn.execute(
                 "SELECT id, key FROM slotd_tasks WHERE key IS NOT NULL "
@@ -155,6 +169,8 @@ def main() -> None:
         paths = []
         for path in PAGES:
             path = path.replace("KEY", key).replace("/ID", f"/{task_id}")
+            path = path.replace("LONG", str(long_id)).replace("OLDER", str(older))
+            path = path.replace("TAG", quote("tenant:7"))
             for name, value in cursors.items():
                 path = path.replace(f"={name}", f"={value}")
             paths.append(path)
@@ -200,7 +216,9 @@ def main() -> None:
                 counting = Counting(conn)
                 page_call(path)(DashboardReads(counting))  # type: ignore[arg-type]
                 listed = ", ".join(f"{name}: {ms:.1f}" for name, ms, _, _ in counting.log)
-                shown = path.replace(key, "<key>").replace(f"/tasks/{task_id}", "/tasks/<id>")
+                shown = path.replace(key, "<key>").replace(f"/tasks/{long_id}", "/tasks/<long>")
+                shown = shown.replace(f"/tasks/{task_id}", "/tasks/<id>")
+                shown = shown.replace(f"={older}", "=<older>")
                 for name, value in cursors.items():
                     shown = shown.replace(value, f"<{name.lower()} cursor>")
                 live = path in LIVE or path.startswith(("/tasks/", "/types/"))
@@ -230,6 +248,39 @@ def main() -> None:
             web.wait(10)
         server.stop("immediate")
         shutil.rmtree(root, ignore_errors=True)
+
+
+def long_task(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    """A task with 10,000 attempts remembered and 10,000 steps; tags on one row in 100
+    (100 rows a tag); 10,000 kept successes. Returns the task's id and the attempt row id
+    that opens its attempts' last page."""
+    long_id = conn.execute(
+        "INSERT INTO slotd_tasks (task_type, attempt_count, max_attempts, run_at, steps) "
+        "SELECT 'type_3', 10000, 20000, now() + interval '1 hour', "
+        "jsonb_agg(jsonb_build_object('name', 'step ' || g, 'value', repeat('x', 200), "
+        "'at', now()) ORDER BY g) FROM generate_series(1, 10000) g RETURNING id"
+    ).fetchone()[0]  # type: ignore[index]
+    conn.execute(
+        "INSERT INTO slotd_attempts (task_id, task_type, number, outcome, error, started_at, "
+        "ended_at, host, pid, slot) SELECT %s, 'type_3', g, 'failure', "
+        "'Traceback (most recent call last):' || repeat(E'\n  File \"x.py\", line 1', 20) "
+        "|| E'\nValueError: try ' || g, now(), now(), 'host', 1, 0 "
+        "FROM generate_series(1, 10000) g",
+        (long_id,),
+    )
+    older = conn.execute(
+        "SELECT id FROM slotd_attempts WHERE task_id = %s ORDER BY id OFFSET 20 LIMIT 1",
+        (long_id,),
+    ).fetchone()[0]  # type: ignore[index]
+    conn.execute(
+        "UPDATE slotd_tasks SET tags = ARRAY['tenant:' || (id / 100 % 100)] WHERE id % 100 = 0"
+    )
+    conn.execute(
+        "INSERT INTO slotd_results (task_id, task_type, value, succeeded_at, expires_at) "
+        "SELECT m.id + g, 'type_' || g % 12, NULL, now(), now() + interval '1 day' "
+        "FROM generate_series(1, 10000) g, (SELECT max(id) AS id FROM slotd_tasks) m"
+    )
+    return int(long_id), int(older)
 
 
 def fetch(url: str) -> None:
