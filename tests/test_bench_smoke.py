@@ -88,3 +88,15 @@ def test_soak_runs_a_minute_and_reports_it() -> None:
     cells = [c.strip().replace(",", "") for c in row.strip("| ").split(" | ")]
     assert float(cells[1]) > 0 and float(cells[3]) > 0, row  # tasks/s, start p99
     assert "Last minute vs first" in proc.stdout
+
+
+def test_runtime_schedules_bench_fires_from_two_replicas(tmp_path: Path) -> None:
+    results = tmp_path / "RESULTS.md"
+    cmd = [sys.executable, str(ROOT / "tests" / "bench" / "runtime_schedules.py"), "--n", "200",
+           "--seconds", "3", "--replicas", "2", "--results", str(results)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line for line in results.read_text().splitlines() if line.startswith("| firing")]
+    [firing] = rows
+    fires_per_s, split = (c.strip() for c in firing.strip("| ").split(" | ")[1:3])
+    assert float(fires_per_s) > 0 and split.count("%") == 2, firing  # both replicas counted

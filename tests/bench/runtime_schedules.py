@@ -1,10 +1,13 @@
 """What runtime schedules cost at 10,000 (#40): the runtime-schedule thread's CPU and its
 lateness, firing, and idle.
 
-    python tests/bench/runtime_schedules.py [--n 10000] [--seconds 60] [--results FILE]
+    python tests/bench/runtime_schedules.py [--n 10000] [--seconds 60] [--replicas 1]
+                                            [--results FILE]
 
 A private PostgreSQL; N schedules put with slotd.put_schedule; the daemon's own thread
-(slotd.supervisor.runtime_schedules.RuntimeScheduleThread) run in-process for a window:
+(slotd.supervisor.runtime_schedules.RuntimeScheduleThread) run in-process for a window, one
+per replica (--replicas R: R threads, each on its own connection, as R `slotd run`s would;
+the CPU figures are their sum, and "split" is each one's share of the fires):
 
 1. firing: every= periods spread over 10..59 s, so about N/30 schedules fall due each second
    (each fire enqueues a task, or folds into its previous one still pending: nobody drains
@@ -26,6 +29,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import psycopg
 
@@ -47,22 +51,29 @@ def put(url: str, n: int, period: callable) -> None:  # type: ignore[valid-type]
         conn.commit()
 
 
-def window(url: str, seconds: float) -> dict[str, float]:
+def window(url: str, seconds: float, replicas: int) -> dict[str, Any]:
     settings = SimpleNamespace(max_attempts=20, prepare="auto", schema="public")
-    thread = RuntimeScheduleThread(settings, url)
-    thread.start()
+    threads = [RuntimeScheduleThread(settings, url) for _ in range(replicas)]
+    for thread in threads:
+        thread.start()
     worst, samples = 0.0, []
     started = time.monotonic()
     with psycopg.connect(url, autocommit=True) as probe:
         time.sleep(2.0)  # the first pass fires what fell due while the schedules were put
-        busy0, fired0, t0 = thread.busy, thread.fired, time.monotonic()
+        busy0 = sum(t.busy for t in threads)
+        fired0 = [t.fired for t in threads]
+        t0 = time.monotonic()
         while time.monotonic() - t0 < seconds:
             late = probe.execute(LATE).fetchone()[0]
             samples.append(late)
             worst = max(worst, late)
             time.sleep(0.1)
-        busy, fired, wall = thread.busy - busy0, thread.fired - fired0, time.monotonic() - t0
-    thread.stop()
+        wall = time.monotonic() - t0
+        busy = sum(t.busy for t in threads) - busy0
+        each = [t.fired - f0 for t, f0 in zip(threads, fired0, strict=True)]
+    for thread in threads:
+        thread.stop()
+    fired = sum(each)
     samples.sort()
     return {
         "wall_s": wall,
@@ -73,6 +84,7 @@ def window(url: str, seconds: float) -> dict[str, float]:
         "late_p99_ms": samples[int(len(samples) * 0.99)] * 1000,
         "late_max_ms": worst * 1000,
         "setup_s": t0 - started,
+        "split": "/".join(f"{100 * e / fired:.0f}%" for e in each) if fired else "-",
     }
 
 
@@ -80,6 +92,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=10_000)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--results", default=str(ROOT / "tests/bench/RESULTS.md"))
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="slotd-bench-rtsched-"))
@@ -102,29 +115,31 @@ def main() -> None:
             t = time.monotonic()
             put(url, args.n, period)
             print(f"{name}: put {args.n} schedules in {time.monotonic() - t:.1f}s", flush=True)
-            out[name] = window(url, args.seconds)
-            print(name, {k: round(v, 2) for k, v in out[name].items()}, flush=True)
+            out[name] = window(url, args.seconds, args.replicas)
+            print(name, out[name], flush=True)
     finally:
         pg.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     f, i = out["firing"], out["idle"]
 
-    def row(r: dict[str, float], label: str) -> str:
+    def row(r: dict[str, Any], label: str) -> str:
         late = f"{r['late_p50_ms']:.0f} / {r['late_p99_ms']:.0f} / {r['late_max_ms']:.0f}"
         per_fire = f"{r['cpu_us_per_fire']:.0f}" if r["fires_per_s"] else "-"
         return (
-            f"| {label} | {r['fires_per_s']:.0f} | {r['cpu_ms_per_s']:.2f} | {per_fire} | {late} |"
+            f"| {label} | {r['fires_per_s']:.0f} | {r['split']} | {r['cpu_ms_per_s']:.2f} "
+            f"| {per_fire} | {late} |"
         )
 
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     text = f"""
 ## Runtime schedules at {args.n:,} (#40) — {stamp}
 
-`python tests/bench/runtime_schedules.py --n {args.n} --seconds {args.seconds:g}` (2-core VM
-shared with other work; one replica's runtime-schedule thread in-process, local socket).
+`python tests/bench/runtime_schedules.py --n {args.n} --seconds {args.seconds:g} \\
+--replicas {args.replicas}` (2-core VM shared with other work; {args.replicas} replica(s)'
+runtime-schedule threads in-process, each on its own connection, local socket).
 
-| window | fires/s | thread CPU ms per s | CPU µs per fire | late p50 / p99 / max ms |
-| --- | ---: | ---: | ---: | ---: |
+| window | fires/s | split | threads' CPU ms per s | CPU µs per fire | late p50 / p99 / max ms |
+| --- | ---: | --- | ---: | ---: | ---: |
 {row(f, "firing (every 10..59 s)")}
 {row(i, "idle (every 1 d, none due)")}
 
