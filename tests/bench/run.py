@@ -4,6 +4,7 @@ for slotd's statements, side by side on one private PostgreSQL, one run.
     python tests/bench/run.py            # full run, < 15 min on a 2-core machine
     python tests/bench/run.py --quick    # every step at small counts (the suite runs it)
     python tests/bench/run.py --quick --only slotd   # slotd's steps only, no peers
+    python tests/bench/run.py --only floor   # slotd's drain and the pgbench floor: the ratio
 
 Appends one section to tests/bench/RESULTS.md per run (never overwrites), so runs sit side
 by side and their noise is visible. The peers are installed (latest from PyPI) into
@@ -1198,7 +1199,10 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="small counts, about a minute")
     ap.add_argument("--profile", choices=sorted(PROFILES), help="overrides --quick")
     ap.add_argument(
-        "--only", choices=["all", "slotd"], default="all", help="slotd: no peers, no pgbench"
+        "--only",
+        choices=["all", "slotd", "floor"],
+        default="all",
+        help="slotd: no peers, no pgbench; floor: slotd's drain and the pgbench floor only",
     )
     ap.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
     ap.add_argument(
@@ -1231,6 +1235,8 @@ def main() -> int:
             bench.bench_enqueue,
             bench.bench_watchdog,
         ]
+        if a.only == "floor":  # the throughput ratio to the one-statement floor, one run
+            steps = [bench.bench_drain, bench.bench_pgbench]
         if a.only == "all":
             steps += [bench.bench_pgbench, bench.bench_peers]
         for step in steps:
