@@ -617,42 +617,43 @@ SELECT pg_advisory_xact_lock(hashtextextended('slotd.limit:' || k.task_type, 0))
 FROM unnest(%(lock_types)s::text[]) WITH ORDINALITY AS k(task_type, ord)
 ORDER BY k.ord
 
--- name: claim
-WITH {claim_ctes}
+-- The claim and settle paths are composed, not enumerated (slotd/repository/composed.py):
+-- a statement is the CTEs of one settlement part (what a task's end writes: `settled_*`,
+-- `failed_*`, by the features the task uses) and of one claim part (`claim_ctes`,
+-- `claim_ctes_rated`, or none), then the answer below (`*_answer`) and the FROM items
+-- that make the part's notifications run (`*_told`). A plain task's statements compose
+-- to the very texts they had as named statements: its hot path pays for no feature.
+
+-- fragment: claimed_answer
+-- A claim alone (no settlement riding on it): the leased row, or none.
 SELECT * FROM claimed
 
--- name: claim_rated
-WITH {claim_ctes_rated}
-SELECT * FROM claimed
+-- fragment: settled_claimed_answer
+-- A settlement with the claim of the next task riding on it: one round trip and one commit
+-- per task instead of two. The two rows are distinct (the settled one is leased, so never
+-- claimable). One row whatever happened: how many rows the settlement ended (0: the lease
+-- is not ours) and the claimed row's columns (NULL: nothing claimed).
+SELECT (SELECT count(*) FROM done) AS dequeued, c.*
+FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
 
--- name: dequeue_claim
--- The settlement of one task and the claim of the next in one statement: one round trip
--- and one commit per task instead of two. The two rows are distinct (the settled one is
--- leased, so never claimable). {unlinked}: see dequeue.
-WITH done AS (
+-- fragment: settled_answer
+-- A settlement alone: how many rows it ended (0: the lease is not ours).
+SELECT (SELECT count(*) FROM done) AS dequeued
+FROM (SELECT 1) AS one
+
+-- fragment: settled_plain
+-- A plain task's success: the fenced delete and nothing else. {unlinked}: see there.
+done AS (
     DELETE FROM slotd_tasks t
     WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(done_token)s::uuid
       AND {unlinked}
     RETURNING t.id
-), {claim_ctes}
-SELECT (SELECT count(*) FROM done) AS dequeued, c.*
-FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
-
--- name: dequeue_claim_rated
--- dequeue_claim whose claim may pick a rated type (claim_ctes_rated).
-WITH done AS (
-    DELETE FROM slotd_tasks t
-    WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(done_token)s::uuid
-      AND {unlinked}
-    RETURNING t.id
-), {claim_ctes_rated}
-SELECT (SELECT count(*) FROM done) AS dequeued, c.*
-FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
+)
 
 -- predicate: unlinked
 -- The plain settlements refuse a row that has dependants (marked by their enqueue, maybe
 -- after this attempt was claimed) or belongs to a batch; the lifecycle then settles it by
--- the linked statements (dequeue_linked, record_failure_linked), so no dependant waits on
+-- the linked parts (settled_linked, failed_linked), so no dependant waits on
 -- a parent gone unseen and no batch misses the end of one of its tasks.
 (NOT t.has_dependants AND t.batch_id IS NULL)
 
@@ -663,11 +664,12 @@ CASE WHEN t.parents_left IS NOT NULL THEN
     (SELECT coalesce(jsonb_object_agg(e.parent_id::text, e.value), '{}'::jsonb)
      FROM slotd_dependencies e WHERE e.child_id = t.id) END AS parent_results
 
--- name: dequeue
+-- fragment: settled_plain_alone
+-- settled_plain with no claim riding on it: the lone delete, answered by its row count.
 -- A NULL token matches only an unleased row: the inline paths that enqueue and complete
 -- a task themselves.
 DELETE FROM slotd_tasks t
-WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(token)s::uuid AND {unlinked}
+WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(done_token)s::uuid AND {unlinked}
 
 -- fragment: attempt_recorded
 -- The attempt a settlement ended, remembered (sql/030): from the statement's
@@ -698,38 +700,19 @@ kept AS (
     SELECT d.id, d.task_type, d.number, d.started_at, NULL::text AS error FROM done d
 ), {attempt_recorded}
 
--- name: dequeue_keep
--- `dequeue` for a type that keeps results: the delete and the result's insert are one
--- statement fenced on the token, so a worker whose lease is gone writes neither.
-WITH done AS (
+-- fragment: settled_kept
+-- The success of a type that keeps its result or its history: the delete and the result's
+-- insert are one statement fenced on the token, so a worker whose lease is gone writes
+-- neither.
+done AS (
     DELETE FROM slotd_tasks t
-    WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(token)s::uuid
+    WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(done_token)s::uuid
       AND {unlinked}
     RETURNING t.id, t.task_type, t.attempt_count AS number, t.last_attempted_at AS started_at
 ), {results_kept}
-SELECT task_id FROM told
 
--- name: dequeue_keep_claim
--- `dequeue_claim` for a type that keeps results (see dequeue_keep).
-WITH done AS (
-    DELETE FROM slotd_tasks t
-    WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(done_token)s::uuid
-      AND {unlinked}
-    RETURNING t.id, t.task_type, t.attempt_count AS number, t.last_attempted_at AS started_at
-), {results_kept}, {claim_ctes}
-SELECT (SELECT count(*) FROM told) AS dequeued, c.*
-FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
-
--- name: dequeue_keep_claim_rated
--- dequeue_keep_claim whose claim may pick a rated type (claim_ctes_rated).
-WITH done AS (
-    DELETE FROM slotd_tasks t
-    WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(done_token)s::uuid
-      AND {unlinked}
-    RETURNING t.id, t.task_type, t.attempt_count AS number, t.last_attempted_at AS started_at
-), {results_kept}, {claim_ctes_rated}
-SELECT (SELECT count(*) FROM told) AS dequeued, c.*
-FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
+-- fragment: settled_kept_told
+(SELECT count(*) FROM told) results
 
 -- fragment: failure_backoff
 -- Capped exponential backoff from the attempt the claim already counted, shortened by up
@@ -767,11 +750,15 @@ failed AS (
     SELECT f.id, f.task_type, f.number, f.started_at, %(error)s::text AS error FROM failed f
 ), {attempt_recorded}
 
--- name: record_failure
--- The attempt that makes the dead letter sends the result notification (slotd.wait_result).
-WITH backoff AS (
+-- fragment: failed_plain
+-- A plain task's failure: backoff, or the dead letter of its last attempt. {unlinked}: a
+-- row that gained dependants or a batch is refused, and settled by failed_linked.
+backoff AS (
     {failure_backoff} AND {unlinked}
 ), {failure_written}
+
+-- fragment: failed_answer
+-- The attempt that makes the dead letter sends the result notification (slotd.wait_result).
 SELECT f.attempt_count, f.max_attempts, f.run_at
 FROM failed f
 CROSS JOIN LATERAL (
@@ -944,7 +931,7 @@ LEFT JOIN LATERAL (SELECT pg_notify('slotd_wake', '')) n ON c.retryable
 -- row is due at once, so the release wakes a slot (here or on another replica) in the same
 -- transaction instead of leaving the work to the next tick.
 -- A release that makes the dead letter of a task with dependants cancels them, as its
--- failure would (record_failure_linked), and a batch's task is counted as ended: gated on
+-- failure would (failed_linked), and a batch's task is counted as ended: gated on
 -- the row's own has_dependants and batch_id, read under the row lock, so a plain task's
 -- release reads no other table.
 WITH RECURSIVE released AS (
@@ -1968,12 +1955,14 @@ LISTEN slotd_result
 -- name: unlisten_results
 UNLISTEN slotd_result
 
--- name: record_failure_linked
--- record_failure for a task with dependants or of a batch: the attempt that makes it a
--- dead letter also cancels its dependants, and theirs (transitively), in the same
--- statement, with a reason naming it (%(cause)s), and counts every task that ended so in
--- its batch. No cycle can exist: a task's parents exist before it does.
-WITH RECURSIVE backoff AS (
+-- fragment: failed_linked
+-- failed_plain for a task with dependants, of a batch or of a sequence: the attempt that
+-- makes it a dead letter also cancels its dependants, and theirs (transitively), in the same
+-- statement, with a reason naming it (%(cause)s), counts every task that ended so in its
+-- batch, and moves its sequence on or halts it. No cycle can exist: a task's parents exist
+-- before it does. RECURSIVE: the composer writes WITH RECURSIVE for a part that begins
+-- with it.
+RECURSIVE backoff AS (
     {failure_backoff}
 ), {failure_written}, doomed(id, root) AS (
     SELECT e.child_id, f.id FROM slotd_dependencies e, failed f
@@ -1995,14 +1984,9 @@ WITH RECURSIVE backoff AS (
     FROM failed f JOIN slotd_tasks m ON m.id = f.id
     WHERE f.attempt_count >= f.max_attempts AND m.sequence IS NOT NULL
 ), {sequence_moved}
-SELECT f.attempt_count, f.max_attempts, f.run_at
-FROM failed f
-CROSS JOIN LATERAL (
-    SELECT CASE WHEN f.attempt_count >= f.max_attempts
-                THEN pg_notify('slotd_result', f.id::text) END
-) n
-CROSS JOIN (SELECT count(*) FROM told) cascaded
-CROSS JOIN (SELECT count(*) FROM batch_woken) callbacks
+
+-- fragment: failed_linked_told
+(SELECT count(*) FROM told) cascaded, (SELECT count(*) FROM batch_woken) callbacks
 
 -- fragment: dependants_cancelled
 -- The dependants in `doomed`, cancelled as an operator's cancel would (a dead letter that
@@ -2038,12 +2022,12 @@ WITH RECURSIVE doomed(id, root) AS (
 ), {batch_counted}
 SELECT (SELECT count(*) FROM told), (SELECT count(*) FROM batch_woken)
 
--- fragment: linked_settled
+-- fragment: settled_linked
 -- The success of a task with dependants or of a batch: the delete (fenced), its result
 -- where its type keeps one (keep_s not NULL), its value on every edge to a dependant, each
 -- dependant whose last parent this was made due now (run_at from 'infinity'; its
 -- priority's head start kept: order_at = now() - priority x step), and its end counted in
--- its batch (which may enqueue the batch's callback). The statements below add the wakes.
+-- its batch (which may enqueue the batch's callback). Its _told part sends the wakes.
 done AS (
     DELETE FROM slotd_tasks t
     WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(done_token)s::uuid
@@ -2079,7 +2063,7 @@ done AS (
     WHERE m.sequence IS NOT NULL
 ), {sequence_moved}
 
--- fragment: linked_told
+-- fragment: settled_linked_told
 -- The linked success's notifications: one wake for the dependants it made due, the result
 -- notification of a kept result, the batch callback's wake (see batch_counted).
 (SELECT count(*) FROM (SELECT pg_notify('slotd_wake', '') FROM released r
@@ -2088,30 +2072,14 @@ done AS (
                        FROM kept k) k) told,
 (SELECT count(*) FROM batch_woken) callbacks
 
--- name: dequeue_linked
--- See linked_settled: one statement.
-WITH {linked_settled}
-SELECT (SELECT count(*) FROM done) AS dequeued,
-       (SELECT count(*) FROM released r WHERE r.parents_left = 0) AS released
-FROM {linked_told}
-
--- name: dequeue_linked_claim
--- dequeue_linked with the claim of the next task riding on it, as dequeue_claim does for a
--- plain task: one round trip and one commit per task, so a batch's tasks drain at the rate
--- of plain ones. The claim's snapshot is the statement's: a dependant this success made
--- due, or the callback it enqueued, is not claimed by it (their wakes bring a slot).
-WITH {linked_settled}, {claim_ctes}
-SELECT (SELECT count(*) FROM done) AS dequeued, c.*
-FROM {linked_told}, (SELECT 1) AS one LEFT JOIN claimed c ON true
-
--- fragment: member_settled
+-- fragment: settled_member
 -- The success of a batch's member with no dependants and no kept result, the commonest
 -- linked settlement: the fenced delete and its end counted on its stripe (batch_counted),
--- nothing else. linked_settled also names slotd_results and slotd_dependencies, and every
+-- nothing else. settled_linked also names slotd_results and slotd_dependencies, and every
 -- table and index a statement names is locked and opened on each execution whether or not
 -- a row of it is touched: a batch drained at 0.7x the plain rate through it
 -- (tests/bench/workflows.py). It refuses a row that gained dependants since its claim
--- (has_dependants): that success is settled by dequeue_linked instead (repository).
+-- (has_dependants): that success is settled by settled_linked instead (repository).
 done AS (
     DELETE FROM slotd_tasks t
     WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(done_token)s::uuid
@@ -2121,22 +2089,8 @@ done AS (
     SELECT d.id, d.batch_id, 'succeeded' AS outcome FROM done d WHERE d.batch_id IS NOT NULL
 ), {batch_counted}
 
--- name: dequeue_member_claim
--- A batch member's success (member_settled) with the next claim riding on it.
-WITH {member_settled}, {claim_ctes}
-SELECT (SELECT count(*) FROM done) AS dequeued, c.*
-FROM (SELECT count(*) FROM batch_woken) callbacks, (SELECT 1) AS one LEFT JOIN claimed c ON true
-
--- name: dequeue_member_claim_rated
-WITH {member_settled}, {claim_ctes_rated}
-SELECT (SELECT count(*) FROM done) AS dequeued, c.*
-FROM (SELECT count(*) FROM batch_woken) callbacks, (SELECT 1) AS one LEFT JOIN claimed c ON true
-
--- name: dequeue_linked_claim_rated
--- dequeue_linked_claim whose claim may pick a rated type (claim_ctes_rated).
-WITH {linked_settled}, {claim_ctes_rated}
-SELECT (SELECT count(*) FROM done) AS dequeued, c.*
-FROM {linked_told}, (SELECT 1) AS one LEFT JOIN claimed c ON true
+-- fragment: settled_member_told
+(SELECT count(*) FROM batch_woken) callbacks
 
 -- name: depend_parents
 -- A dependant's enqueue, first: its parents marked (has_dependants, so their settlement

@@ -14,7 +14,7 @@ import pytest
 
 import slotd
 from slotd.registry import Registry
-from slotd.repository import Repository, limit_params, statements
+from slotd.repository import Repository, composed, limit_params, statements
 
 MINUTE = timedelta(minutes=1)
 
@@ -245,9 +245,11 @@ def test_only_a_claim_that_may_pick_a_rated_type_names_the_rate_tables(
     """Every table a statement names is locked and opened on each execution: unrated work's
     claims keep the statements they had, and the claim riding on a settlement counts a
     rated start like any claim."""
-    for name in ("claim", "dequeue_claim", "dequeue_keep_claim", "dequeue_linked_claim"):
-        assert "slotd_rate" not in statements()[name]
-        assert "slotd_rate_starts" in statements()[f"{name}_rated"]
+    for part in (None, "plain", "kept", "linked", "member"):
+        unrated = composed.claimed("plain") if part is None else composed.succeeded(part, "plain")
+        rated_ = composed.claimed("rated") if part is None else composed.succeeded(part, "rated")
+        assert "slotd_rate" not in statements()[unrated]
+        assert "slotd_rate_starts" in statements()[rated_]
     reg = rated(rate=(2, timedelta(seconds=60)))
     ids = slotd.enqueue_many(conn, [("sms", {})] * 3)
     first = claim(repo, reg)

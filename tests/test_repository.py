@@ -536,7 +536,8 @@ def test_claim_is_a_primary_key_look_up_with_statistics_from_an_empty_table(
     conn.execute("ANALYZE slotd_tasks")
     ids = slotd.enqueue_many(conn, [("plain", {}) for _ in range(5000)])
     params = Repository(conn)._claim_params(ids[:80], registry_of("plain", "other"))
-    for name, extra in (("claim", {}), ("dequeue_claim", {"id": ids[-1], "done_token": None})):
+    chained = {"id": ids[-1], "done_token": None}
+    for name, extra in (("claim.plain", {}), ("succeeded.plain+claim.plain", chained)):
         plan = "\n".join(
             r[0] for r in conn.execute("EXPLAIN " + statements()[name], {**params, **extra})
         )

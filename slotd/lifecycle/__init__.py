@@ -63,16 +63,18 @@ nothing, and is told so (`lost`).
   in one statement under the lock is why no emit is ever missed. The attempt then ends
   with nothing left to write (`settle`: outcome suspended).
 - settled, by what the handler did (`settle`):
-  done       the row is deleted (sql `dequeue`), optionally claiming the next task in the
-             same statement (`dequeue_claim`); for a type with keep_result (the Result
-             carries value and keep_s) the return value is stored by that same fenced
-             statement (`dequeue_keep`, `dequeue_keep_claim`), so a worker whose lease is
+  done       the row is deleted (`succeeded.plain`: statements composed from parts,
+             slotd/repository/composed.py), optionally claiming the next task in the
+             same statement (`succeeded.plain+claim.plain`); for a type with keep_result
+             (the Result carries value and keep_s) the return value is stored by that same
+             fenced statement (part `kept`), so a worker whose lease is
              gone stores nothing, and a dead slot's success is stored by the supervisor
              from the value in its last words. Plain types keep the plain statements: a
              stored result costs its types only;
              a linked task (one with dependants, marked by their enqueue, or of a batch)
-             is settled by `dequeue_linked` (`dequeue_linked_claim` with the next claim
-             riding on it, as for a plain task): the same fenced delete also writes its value
+             is settled by part `linked` (with the next claim riding on it, as for a
+             plain task; a batch's member with nothing else linked, by part `member`):
+             the same fenced delete also writes its value
              on each edge and makes due each dependant it was the last parent of, so a
              dependant is released exactly when its last parent's success commits, and
              counts the end in its batch (`batch_counted`), whose last end enqueues the
@@ -82,10 +84,10 @@ nothing, and is told so (`lost`).
              ({unlinked}): a dependant enqueued while its parent ran, after the claim said
              "no dependants", is then settled by the linked statement on a second try,
              never deleted unseen;
-  failure    backoff from the attempt the claim burnt, the error kept (`record_failure`);
+  failure    backoff from the attempt the claim burnt, the error kept (`failed.plain`);
              a dead letter when that was the last attempt; a linked task's dead letter
              cancels its dependants, transitively, in the same statement, and counts
-             every task that ended so in its batch (`record_failure_linked`; refused plain
+             every task that ended so in its batch (`failed.linked`; refused plain
              writes retried so, as for done). Every other statement that ends a task
              counts it as well: `release` when it makes the dead letter (and cancels the
              dependants), `cancel` of a task not running, `settle_cancelled`, and the

@@ -1,7 +1,7 @@
 """A task's result, read or awaited by id (slotd.result, slotd.wait_result).
 
 Waiting is one LISTEN, never a polling loop: every statement that ends a task sends its id
-on the result channel (sql `dequeue_keep`, the dead-lettering `record_failure` and
+on the result channel (sql `settled_kept`, the dead-lettering `failed_answer` and
 `release`, `cancel`, `settle_cancelled`), and the waiter reads the state again only when its
 own id arrives. A notification is delivered to a session only between transactions, so
 the wait listens on the caller's connection only when that is an idle autocommit session;

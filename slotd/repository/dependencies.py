@@ -1,7 +1,7 @@
 """Dependencies between tasks (enqueue(..., after=[ids])): the producer's side of the edges
 (parents marked and locked, dependants made to wait) and the operator's cascade. The
-settlements that release or cancel dependants are the queue protocol's (dequeue_linked,
-record_failure_linked; rules in slotd/lifecycle/)."""
+settlements that release or cancel dependants are the queue protocol's (the `linked` parts
+of slotd.repository.composed; rules in slotd/lifecycle/)."""
 
 from __future__ import annotations
 

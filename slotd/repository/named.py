@@ -22,6 +22,7 @@ import psycopg
 
 from slotd.config import DEFAULT_SCHEMA, default_schema, validate_schema
 from slotd.errors import ConfigError
+from slotd.repository import composed
 
 _BLOCK = re.compile(r"^-- (name|predicate|fragment): (\S+)\s*$", re.M)
 _SPLICE = re.compile(r"\{(\w+)\}")
@@ -145,7 +146,9 @@ def statements(schema: str = DEFAULT_SCHEMA) -> dict[str, str]:
 
 @cache
 def _loaded() -> dict[str, str]:
-    """queries.sql, plus queries_*.sql for optional integrations (slotd.contrib)."""
+    """queries.sql, plus queries_*.sql for optional integrations (slotd.contrib): the named
+    statements, and the claim and settle statements composed from its fragments
+    (slotd.repository.composed), each with its `_shared` twin where it has one."""
     folder = sql_dir()
     files = [folder / "queries.sql", *sorted(folder.glob("queries_*.sql"))]
     text = "\n".join(path.read_text() for path in files)
@@ -172,11 +175,20 @@ def _loaded() -> dict[str, str]:
         return _SPLICE.sub(one, sql)
 
     out: dict[str, str] = {}
+    built = composed.compose(lambda name: splice(fragments[name], shared=False))
+    built_shared = composed.compose(lambda name: splice(fragments[name], shared=True))
+    clash = sorted(blocks["name"].keys() & built.keys())
+    if clash:
+        raise ValueError(f"sql/ names statements the composer builds: {clash}")
     for name, sql in blocks["name"].items():
         out[name] = splice(sql, shared=False)
         with_shared = splice(sql, shared=True)
         if with_shared != out[name]:
             out[name + SHARED_SUFFIX] = with_shared
+    for name, sql in built.items():  # the claim and settle paths (composed.py)
+        out[name] = sql
+        if built_shared[name] != sql:
+            out[name + SHARED_SUFFIX] = built_shared[name]
     return out
 
 

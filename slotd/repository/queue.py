@@ -12,6 +12,7 @@ from typing import Any
 from slotd.errors import LeaseLost
 from slotd.payload import encode
 from slotd.registry import Rate, Registry, SharedRow
+from slotd.repository import composed
 from slotd.repository.causes import PARENT_EXPIRED, PARENT_FAILED
 from slotd.repository.lanes import Lanes
 from slotd.repository.named import SHARED_SUFFIX, _sql
@@ -285,14 +286,16 @@ class QueueProtocol(Lanes):
         # A shared limit's lock ('@name') too, in one sorted order with the types' locks.
         return sorted(chosen.union(*(shape.shared_keys.get(t, ()) for t in chosen)))
 
-    def _rated(self, name: str, lock_types: Sequence[str], registry: Registry) -> str:
-        """The claim statement `name`, or its _rated twin when a candidate may be of a rated
-        type: only that one names the rate tables (see claim_ctes in sql/queries.sql)."""
-        shape = self._shape(registry)
-        rated = shape.rated
-        name = f"{name}_rated" if rated and not rated.isdisjoint(lock_types) else name
-        # A registry with shared limits runs each claim's twin that carries them.
-        return name + SHARED_SUFFIX if shape.shared_keys else name
+    def _claim_part(self, lock_types: Sequence[str], registry: Registry) -> str:
+        """The claim part (slotd.repository.composed): `rated` when a candidate may be of a
+        rated type, else `plain`: only the rated one names the rate tables (see claim_ctes
+        in sql/queries.sql)."""
+        rated = self._shape(registry).rated
+        return "rated" if rated and not rated.isdisjoint(lock_types) else "plain"
+
+    def _shared(self, name: str, registry: Registry) -> str:
+        """A registry with shared limits runs each claim's twin that carries them."""
+        return name + SHARED_SUFFIX if self._shape(registry).shared_keys else name
 
     def claim(
         self, ids: Sequence[int], registry: Registry, lease_token: str | None = None
@@ -302,7 +305,12 @@ class QueueProtocol(Lanes):
         if not ids:
             return None
         lock = self._lock_types(ids, registry)
-        name = self._rated("claim_fair" if self._fair(ids, registry) else "claim", lock, registry)
+        part = self._claim_part(lock, registry)
+        if self._fair(ids, registry):  # a named statement of its own (sql/queries_order.sql)
+            name = "claim_fair_rated" if part == "rated" else "claim_fair"
+        else:
+            name = composed.claimed(part)
+        name = self._shared(name, registry)
         params = {**self._claim_params(ids, registry), "lease_token": lease_token}
         _, rows = self._write(name, params, lock)
         return Claimed(*rows[0]) if rows else None
@@ -325,11 +333,13 @@ class QueueProtocol(Lanes):
     ) -> None:
         """`kept`: (the return value's JSON text, seconds to keep it), for a type with
         keep_result: stored by the same fenced statement."""
-        if kept is None:
-            count, _ = self._write("dequeue", {"id": task_id, "token": token})
+        params: dict[str, Any] = {"id": task_id, "done_token": token}
+        if kept is None:  # the lone delete: answered by its row count
+            count, _ = self._write(composed.succeeded("plain"), params)
         else:
-            params = {"id": task_id, "token": token, "value": kept[0], "keep_s": kept[1]}
-            count, _ = self._write("dequeue_keep", {**params, **self.attempt_params("success")})
+            params.update(self.attempt_params("success"), value=kept[0], keep_s=kept[1])
+            _, rows = self._write(composed.succeeded("kept"), params)
+            count = rows[0][0]
         if count == 0:
             raise LeaseLost(f"task {task_id}: dequeue refused, the lease is not ours")
 
@@ -368,22 +378,23 @@ class QueueProtocol(Lanes):
             else:
                 self.dequeue(task_id, token, kept=kept)
             return self.claim(ids, registry, lease_token)
-        name = "dequeue_claim"
+        part = "plain"
         if linked is not None and member:
-            name = "dequeue_member_claim"
+            part = "member"
         elif linked is not None:
-            name = "dequeue_linked_claim"
+            part = "linked"
             params.update(self._linked_params(*linked))
         elif kept is not None:
-            name = "dequeue_keep_claim"
+            part = "kept"
             params["value"], params["keep_s"] = kept
             params.update(self.attempt_params("success"))
         lock = self._lock_types(ids, registry)
-        before = _sequence_lock(task_id) if name == "dequeue_linked_claim" else None
-        _, rows = self._write(self._rated(name, lock, registry), params, lock, before)
+        name = self._shared(composed.succeeded(part, self._claim_part(lock, registry)), registry)
+        before = _sequence_lock(task_id) if part == "linked" else None
+        _, rows = self._write(name, params, lock, before)
         dequeued, *claim = rows[0]
         claimed = Claimed(*claim) if claim[0] is not None else None
-        if not dequeued and name.startswith("dequeue_member") and linked is not None:
+        if not dequeued and part == "member" and linked is not None:
             # Refused: the member gained dependants since its claim, or the lease is gone.
             # The linked statement settles the first and refuses the second; the claim that
             # rode on this statement stands either way (no second claim).
@@ -416,19 +427,18 @@ class QueueProtocol(Lanes):
         value: str | None,
         keep_s: float | None,
         value_kept: bool = True,
-    ) -> int:
-        """The success of a task with dependants or of a batch (see sql `dequeue_linked`):
-        LeaseLost when the lease is not ours, else how many dependants it made due."""
+    ) -> None:
+        """The success of a task with dependants, of a batch or of a sequence (sql
+        `settled_linked`); LeaseLost when the lease is not ours."""
         params = {
             "id": task_id,
             "done_token": token,
             **self._linked_params(value, keep_s, value_kept),
         }
-        _, rows = self._write("dequeue_linked", params, before=_sequence_lock(task_id))
-        dequeued, released = rows[0]
-        if not dequeued:
+        name = composed.succeeded("linked")
+        _, rows = self._write(name, params, before=_sequence_lock(task_id))
+        if not rows[0][0]:
             raise LeaseLost(f"task {task_id}: dequeue refused, the lease is not ours")
-        return int(released)
 
     def record_failure(
         self,
@@ -469,9 +479,10 @@ class QueueProtocol(Lanes):
         if jitter is not None:  # a delay the handler chose (RetryAfter): taken exactly
             params["jitter"] = jitter
         if linked:
-            _, rows = self._write("record_failure_linked", params, before=_sequence_lock(task_id))
+            name, before = composed.failed("linked"), _sequence_lock(task_id)
+            _, rows = self._write(name, params, before=before)
         else:
-            _, rows = self._write("record_failure", params)
+            _, rows = self._write(composed.failed("plain"), params)
         if not rows:
             raise LeaseLost(f"task {task_id}: failure refused, the lease is not ours")
         return Failure(*rows[0])

@@ -865,7 +865,7 @@ class _Unbounded(Repository):
 
 def pgbench_script() -> str:
     """slotd's one-statement floor for pgbench: the fenced delete of the task just run and
-    the single-row claim of the next, in one statement (sql `dequeue_claim`, what a slot
+    the single-row claim of the next, in one statement (`succeeded.plain+claim.plain`, what a slot
     sends per task once a backlog flows). pgbench cannot keep a discovery batch between
     transactions, so the claim's candidate list is the discovery statement itself, inlined:
     one statement per task, one row claimed. Built from the statements as loaded, so a
@@ -889,7 +889,7 @@ def pgbench_script() -> str:
     assert sep and head.startswith("(SELECT d.id, d.task_type, "), "discovery changed shape"
     discover = "SELECT d.id " + head[1:].rstrip().removesuffix(")").split("\n", 1)[1]
     discover = discover.replace("%(types)s", ":types").replace("%(limit)s", "20")
-    statement = s["dequeue_claim"].replace("%(ids)s::bigint[]", f"ARRAY({discover})")
+    statement = s["succeeded.plain+claim.plain"].replace("%(ids)s::bigint[]", f"ARRAY({discover})")
     for name, value in unlimited.items():
         statement = statement.replace(name, value)
     statement = (
