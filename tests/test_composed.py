@@ -15,8 +15,9 @@ from slotd.repository import composed, named, statements
 # What psycopg sends for each of a plain task's statements (placeholders numbered as
 # psycopg numbers them), as the named statements `claim`, `claim_rated`, `dequeue`,
 # `dequeue_claim`, `dequeue_claim_rated` and `record_failure` were on main 0639e0e, just
-# before the composition (the shared limits' parts spliced as nothing, sql/queries_order.sql): the hot path pays for no feature. A change here is a change of the hot
-# path: measure it (tests/bench/cpu_per_task.py, run.py --only floor) and say so.
+# before the composition (the shared limits' parts spliced as nothing): the hot path pays
+# for no feature. A change here is a change of the hot path: measure it
+# (tests/bench/cpu_per_task.py, run.py --only floor) and say so.
 PLAIN_PATH = {
     composed.claimed("plain"): "2efa6be0e0c16c585f53cc830209ddcd1a6ad0649d567754d8374a1a30b34c62",
     composed.claimed("rated"): "b19db474125ee801f811e8a7edb27595e89ab86f62f4fb4d96efd4951a895ff9",
