@@ -8,7 +8,8 @@
 
 -- fragment: claim_picked_many
 -- claim_picked for up to %(n)s rows, in the candidates' order. Only %(batchable)s types: a
--- type with a concurrency limit or a rate is claimed one row per statement (claim_picked
+-- type with a concurrency limit, a rate, a shared limit or fair turns (#39) is claimed one
+-- row per statement (claim_picked
 -- under claim_lock, within_limits and within_rates count the leases a statement can see, and
 -- rows leased by the same statement are not among them). The same MATERIALIZED guard, the
 -- same lateral lookup by primary key, the same SKIP LOCKED and recheck; the LIMIT stops the

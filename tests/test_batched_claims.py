@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 
 import slotd
+from slotd.repository import Repository, lease_tokens
 from tests.daemon import FAST, Daemon, wait_for
 
 
@@ -116,3 +117,18 @@ def test_sigterm_releases_a_prefetched_batch_at_once(
     leases = _leases(qconn, prefetched)
     assert leases and all(lease is None and n == 0 for n, lease in leases.values()), leases
     assert _leases(qconn, [blocked])[blocked][1] is not None  # still running, still leased
+
+
+def test_a_batched_claim_takes_only_types_without_limits_rates_or_turns(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """Shared limits, rates and fair turns (#39) are decided one claim at a time: a batched
+    claim passes those types over and takes the rest, each under its own token."""
+    from tests.apps.order import registry
+
+    kinds = ["ord.model_a", "ord.rated_a", "ord.grouped_a", "ord.fair", "ord.step"]
+    ids = slotd.enqueue_many(conn, [(kind, {}) for kind in kinds for _ in range(3)])
+    repo = Repository(conn)
+    claims = repo.claim_many(ids, registry, lease_tokens(20))
+    assert {c.task_type for c in claims} == {"ord.step"}
+    assert len(claims) == 3 and len({c.token for c in claims}) == 3

@@ -18,9 +18,10 @@ nothing, and is told so (`lost`).
   settlement fenced on each task's own token (a refused one is settled alone, as any
   refused plain success). Why: one statement and one commit per task was the floor
   (tests/bench/RESULTS.md); a batch of n pays one for n. What may be batched: a claim takes
-  only types with neither a concurrency limit nor a rate (`within_limits`/`within_rates`
-  count the leases a statement can see, and rows leased by the same statement are not among
-  them), those are claimed one per statement as before; a settlement holds only plain
+  only types with no concurrency limit, rate or shared limit (`within_limits`,
+  `within_rates`, `within_shared` count the leases a statement can see, and rows leased by
+  the same statement are not among them) and no fair turns (a fair claim stamps its group's
+  turn, #39); those are claimed one per statement as before; a settlement holds only plain
   successes (no dependants, no batch, no stored result or history: `deferrable`);
   everything else (failures, cancels, snoozes, linked and kept successes) is settled alone,
   at once. The claim checks {claimable} per row as the single claim does, so pauses,

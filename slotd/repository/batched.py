@@ -23,12 +23,13 @@ def lease_tokens(n: int) -> list[str]:
 
 class BatchedQueue(QueueProtocol):
     def batchable(self, registry: Registry) -> list[str]:
-        """The types a batched claim may take: those without a concurrency limit or a rate
-        (see claim_picked_many)."""
+        """The types a batched claim may take: those without a concurrency limit, a rate,
+        a shared limit (#39) or fair turns (#39: a fair claim stamps its group's turn, one
+        row at a time); see claim_picked_many."""
         shape = self._shape(registry)
         cached = self._batchable
         if cached is None or cached[0] is not shape:
-            locked = set(shape.locked)
+            locked = set(shape.locked) | set(shape.shared_keys) | set(shape.fair)
             cached = self._batchable = (shape, [t for t in shape.types if t not in locked])
         return cached[1]
 
