@@ -28,6 +28,11 @@ class Outcome(StrEnum):
     SNOOZED = "snoozed"
     # A durable sleep or event wait ended the attempt (its write released the lease).
     SUSPENDED = "suspended"
+    # Not an attempt's end: a claim given back before its handler started (a prefetched task
+    # at a stop, at its slot's death or past its wait bound; a chained claim that met a
+    # shutdown), its attempt refunded. Counted apart from `cancelled`, which an attempt that
+    # ran and was interrupted (or an operator's cancel) is: nothing ran here.
+    RELEASED = "released"
 
 
 # What the runner (or the slot on its behalf) reports about a handler call.

@@ -140,7 +140,9 @@ def test_a_slot_dying_around_its_settlement_counts_each_task_once(
     # A later task's count comes after anything still on its way about the first forty.
     slotd.enqueue(qconn, "rt.noop", {"n": 40})
     wait_for(lambda: counted().get("success", 0) >= 41, timeout=30, what="the 41st counted")
-    assert {k: v for k, v in counted().items() if v} == {"success": 41}
+    # `released`: claims a batch's statement took that the dead slot never started, given
+    # back with their attempt (each of them ran once, later: the runs above).
+    assert {k: v for k, v in counted().items() if v and k != "released"} == {"success": 41}
 
 
 def test_a_success_whose_answer_was_lost_is_counted_a_success_when_nothing_rode_on_it(

@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 import slotd
+from slotd.producer.control import cancel_matching
 from slotd.repository import Repository, UnknownParents
 from tests.daemon import Daemon
 
@@ -88,6 +89,21 @@ def test_a_cancelled_parent_cancels_its_dependants(qconn: psycopg.Connection[Any
     got = slotd.result(qconn, c)
     assert got is not None and got.state == "cancelled"
     assert got.error == f"cancelled: task {a}, which it waits on, was cancelled by tester"
+
+
+def test_enqueued_handles_mix_with_literal_ids_wherever_ids_are_taken(
+    qconn: psycopg.Connection[Any],
+) -> None:
+    """enqueue's handle is an int subclass: a list mixing it with a plain int (after=, an
+    operator's cancel of ids) is bound as one int array, not refused by psycopg."""
+    a = slotd.enqueue(qconn, "fl.parent", {})
+    b = slotd.enqueue(qconn, "fl.parent", {})
+    c = slotd.enqueue(qconn, "fl.child", {}, after=[a, int(b)])
+    qconn.autocommit = True
+    done = cancel_matching(qconn, ids=[a, int(b)], by="tester")
+    assert sorted(t.id for t in done) == sorted([a, b])
+    got = slotd.result(qconn, c)
+    assert got is not None and got.state == "cancelled"
 
 
 def test_unknown_parents_are_refused_and_nothing_is_enqueued(

@@ -8,6 +8,7 @@ riding on it (`conclude_many`), and prefetched tasks given back unstarted
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from slotd import outcome as kinds
 from slotd.lifecycle.by_outcome import UNSTARTED, _kept, settle
@@ -70,6 +71,7 @@ def conclude_many(
     *,
     then_claim: tuple[Sequence[int], int] | None,
     report: Callable[..., None],
+    faults: Any = None,
     logger: Logger = log,
 ) -> list[Claimed]:
     """Settle the plain successes `done` (each DONE in the ledger's batch) in one statement,
@@ -78,11 +80,15 @@ def conclude_many(
     WAITING, each settlement into the ring, the settled ones out of the batch. A success
     the statement refused is settled alone (`settle`: by the linked statement if it gained
     dependants since its claim, else `lost`). Returns the new claims, in the candidates'
-    order."""
+    order. `faults`: a chaos run's hooks, at the points of a lone settlement's (`conclude`):
+    the slot's death before the statement and between the ring and the batch record, the
+    statement's answer lost after it committed."""
     ids, n = then_claim if then_claim is not None else ((), 0)
     tokens = lease_tokens(n) if n > 0 and ids else []
     leases = [lease for lease, _ in done]
     tries = 0
+    if faults is not None:
+        faults.crash_slot_before_settlement()
 
     def once(repo: Repository) -> tuple[set[int], list[Claimed]]:
         nonlocal tries
@@ -92,7 +98,10 @@ def conclude_many(
         # drew for them.
         if tries > 1 and leases and all(repo.lease_remains(c.id, c.token) is None for c in leases):
             return {c.id for c in leases}, repo.held_leases(tokens)
-        return repo.dequeue_many_and_claim(leases, ids if tokens else (), registry, tokens)
+        answer = repo.dequeue_many_and_claim(leases, ids if tokens else (), registry, tokens)
+        if faults is not None and tries == 1:
+            faults.answer_lost(repo)
+        return answer
 
     answer = write(once)
     dequeued, claims = answer if answer is not None else (set(), [])
@@ -109,6 +118,8 @@ def conclude_many(
         settled = (lease.task_type, str(settlement.outcome), result.duration, delay)
         if not ledger.record(settled, lease.token.bytes):
             report("settled", *settled, lease.token.bytes)
+    if faults is not None and leases:
+        faults.crash_slot_after_settlement()  # the ring has them, the batch record too
     ledger.batch_drop([lease.token.bytes for lease in leases])
     return claims
 

@@ -246,7 +246,10 @@ def _release(
         return _continued(repo, claimed, result, logger, backoff)
     reason = "released at shutdown on its final attempt, a second time"
     unstarted = bool(result.extra.get(UNSTARTED))
-    outcome = Outcome.CONTINUED if result.advanced else Outcome.CANCELLED
+    if unstarted:
+        outcome = Outcome.RELEASED
+    else:
+        outcome = Outcome.CONTINUED if result.advanced else Outcome.CANCELLED
     dead = repo.release(
         claimed.id,
         claimed.token,

@@ -16,6 +16,12 @@ from slotd.repository.producing import PRIORITY_SPAN
 from slotd.repository.queue import Limits, limit_params
 
 
+def plain_ids(ids: Sequence[int] | None) -> list[int] | None:
+    """Task ids as plain ints (None for none): enqueue's typed handles are an int subclass,
+    and psycopg refuses to dump a list mixing them with literal ids ("mixed types")."""
+    return [int(task_id) for task_id in ids] if ids else None
+
+
 class OperatorControl(Lanes):
     """What the operator's commands and the metrics read and change on a worker's lanes."""
 
@@ -59,7 +65,7 @@ class OperatorControl(Lanes):
         """Newest first; `key` is searched among `key_types` (or `task_type`)."""
         params = {
             "task_type": task_type,
-            "ids": list(ids) if ids else None,
+            "ids": plain_ids(ids),
             "limit": limit,
             "key": key,
             "key_types": [task_type] if task_type else list(key_types),
@@ -74,7 +80,7 @@ class OperatorControl(Lanes):
     ) -> int:
         params = {
             "task_type": task_type,
-            "ids": list(ids) if ids else None,
+            "ids": plain_ids(ids),
             "older_than_s": older_than.total_seconds() if older_than else None,
         }
         return int(self.read.execute(_sql("dead_count", self.schema), params).fetchone()[0])  # type: ignore[index]
@@ -94,7 +100,7 @@ class OperatorControl(Lanes):
         self, task_type: str | None = None, ids: Sequence[int] | None = None, batch: int = 1000
     ) -> list[int]:
         self.end_lapsed()
-        params = {"task_type": task_type, "ids": list(ids) if ids else None, "batch": batch}
+        params = {"task_type": task_type, "ids": plain_ids(ids), "batch": batch}
         lock = {"ids": params["ids"], "task_type": task_type, "key": None, "dead": True}
         _, rows = self._write("dead_retry", params, before=("sequence_lock_targets", lock))
         return [row[0] for row in rows]
@@ -108,7 +114,7 @@ class OperatorControl(Lanes):
     ) -> int:
         params = {
             "task_type": task_type,
-            "ids": list(ids) if ids else None,
+            "ids": plain_ids(ids),
             "older_than_s": older_than.total_seconds() if older_than else None,
             "batch": batch,
         }
@@ -170,7 +176,7 @@ def cancel_tasks(
     """Cancel up to `batch` live tasks matching every filter given; returns those cancelled
     (a task that finished, is dead or was already cancelled is not among them)."""
     params = {
-        "ids": list(ids) if ids else None,
+        "ids": plain_ids(ids),
         "task_type": task_type,
         "key": key,
         "by": by,
@@ -202,7 +208,7 @@ async def cancel_tasks_async(
 ) -> list[CancelledTask]:
     """cancel_tasks on an asyncio connection: the same statements."""
     params = {
-        "ids": list(ids) if ids else None,
+        "ids": plain_ids(ids),
         "task_type": task_type,
         "key": key,
         "by": by,

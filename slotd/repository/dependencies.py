@@ -26,8 +26,10 @@ def parent_ids(after: Sequence[int] | None) -> list[int]:
     for task_id in after:
         if isinstance(task_id, bool) or not isinstance(task_id, int):
             raise TypeError(f"after= takes task ids (ints), not {type(task_id).__name__}")
-        if task_id not in ids:
-            ids.append(task_id)
+        # A plain int: a typed handle's id (an int subclass) beside a literal id would
+        # otherwise be a list psycopg refuses to dump ("mixed types").
+        if (plain := int(task_id)) not in ids:
+            ids.append(plain)
     return ids
 
 

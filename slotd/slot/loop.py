@@ -156,6 +156,9 @@ class Slot:
         claimed: Claimed | None = None  # the next task, when a settlement claimed it
         while claimed is not None or self.batch.holds or not self.stopping:
             if claimed is None and self.batch.holds:
+                # A runner is recycled or reloaded between tasks, a prefetched one's too.
+                self.runners.between_tasks(self.reload, lambda: self.stopping)
+                self.reload = False
                 try:
                     claimed = self._from_batch()
                 except psycopg.OperationalError as exc:
@@ -217,21 +220,21 @@ class Slot:
         stop gives it back, a prefetched task past its bound is released for another slot,
         held successes past theirs are settled. Seconds until the next is due."""
         if self.stopping:
-            self.give_back()
+            self.give_back(attempt_running=True)
             return None
         if late := self.batch.overdue():
             self._release_unstarted(late, "it waited too long behind its batch")
         if self.batch.held_too_long():
-            self._settle_batch(chain=False)
+            self._settle_batch(chain=False, attempt_running=True)
         return self.batch.due_in()
 
-    def give_back(self) -> None:
+    def give_back(self, attempt_running: bool = False) -> None:
         """A stop: the prefetched tasks released unstarted, the held successes settled,
         at once (not after the running attempt: it may take the whole shutdown grace)."""
         if self.batch.waiting:
             self._release_unstarted(self.batch.take_waiting(), "the replica is stopping")
         if self.batch.done:
-            self._settle_batch(chain=False)
+            self._settle_batch(chain=False, attempt_running=attempt_running)
 
     def _release_unstarted(self, leases: list[Claimed], reason: str) -> None:
         lifecycle.released_unstarted(
@@ -243,8 +246,11 @@ class Slot:
             logger=self.log,
         )
 
-    def _settle_batch(self, chain: bool) -> None:
-        """The held successes in one statement, the next batch's claim riding on it."""
+    def _settle_batch(self, chain: bool, attempt_running: bool = False) -> None:
+        """The held successes in one statement, the next batch's claim riding on it.
+        A chaos run's faults only when no attempt runs: a death injected beside a running
+        attempt would be a slot killed before that attempt's last words, a crash that is
+        rightly run again, not the window the faults are about (slotd.dev.faults)."""
         done = self.batch.take_done()
         then = None
         offered: list[int] = []
@@ -258,6 +264,7 @@ class Slot:
             self.runners.registry,
             then_claim=then,
             report=self._report,
+            faults=None if attempt_running else self.spec.faults,
             logger=self.log,
         )
         if then is not None:
