@@ -228,6 +228,10 @@ SELECT clock_timestamp()
 -- A changed expression or zone starts it afresh from %(next_at)s (as a new schedule: no
 -- catch-up of the old one's times); a payload or type change takes effect at its next fire.
 -- No row comes back when a schedule declared in code holds the name (sql/042).
+-- The control notification (delivered if the caller commits) tells every replica's schedule
+-- thread to look now; otherwise it looks only at the soonest next fire time, or every 5
+-- minutes (slotd/supervisor/runtime_schedules.py). An earlier release ignores the op.
+WITH put AS (
 INSERT INTO slotd_runtime_schedules AS r (name, task_type, expression, timezone, payload,
                                           next_fire_at)
 SELECT %(name)s, %(task_type)s, %(expression)s, %(timezone)s, %(payload)s::jsonb,
@@ -239,7 +243,14 @@ SET task_type = excluded.task_type, payload = excluded.payload, updated_at = now
     next_fire_at = CASE WHEN (r.expression, r.timezone)
                              IS DISTINCT FROM (excluded.expression, excluded.timezone)
                         THEN excluded.next_fire_at ELSE r.next_fire_at END
-RETURNING (xmax = 0) AS created
+RETURNING r.name, (xmax = 0) AS created
+)
+SELECT p.created
+FROM put p
+CROSS JOIN LATERAL (
+    SELECT pg_notify('slotd_control', json_build_object(
+        'op', 'schedule', 'name', p.name, 'by', '')::text)
+) n
 
 -- name: runtime_schedule_delete
 DELETE FROM slotd_runtime_schedules WHERE name = %(name)s

@@ -169,3 +169,40 @@ def test_schedules_add_and_delete_on_the_command_line(
     assert run("delete", "hourly").returncode == 0
     again = run("delete", "hourly")
     assert again.returncode == 1 and "no runtime schedule named 'hourly'" in again.stderr
+
+
+def test_a_schedule_added_on_the_command_line_fires_at_once_on_an_idle_replica(
+    conn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+) -> None:
+    """An idle replica's schedule thread looks twice a minute (an idle replica's cost is
+    counted in statements), yet a schedule put meanwhile fires its first time at once: the
+    put's control notification reaches the supervisor's LISTEN, which pokes the thread."""
+    daemons.append(Daemon(db_url, app=APP).start())
+
+    def quiet_for() -> float:
+        """Seconds since the schedule thread's last statement."""
+        row = conn.execute(
+            "SELECT extract(epoch FROM now() - query_start)::float8 FROM pg_stat_activity"
+            " WHERE application_name = 'slotd runtime schedules'"
+            " AND datname = current_database()"
+        ).fetchone()
+        conn.commit()  # now() is the transaction's: a new one per look
+        return -1.0 if row is None or row[0] is None else float(row[0])
+
+    # At the one-second poll this never holds; at the idle poll it does within 30 s.
+    wait_for(lambda: quiet_for() > 3.0, timeout=45, what="the schedule thread idle for 3 s")
+    env = {**os.environ, "SLOTD_DATABASE_URL": db_url, "PYTHONPATH": str(ROOT)}
+    added = subprocess.run(
+        [sys.executable, "-m", "slotd", "schedules", "add", "tick", "--type", "typed.tick",
+         "--every", "1s", "--payload", '{"who": "cli"}'],
+        env=env, capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    # Without the poke the thread sleeps up to 27 s more; told, it fires within a second.
+    wait_for(lambda: len(_fires(conn)) >= 1, timeout=8, what="the first fire, told at once")
+    assert all(k.startswith("schedule:runtime:tick:") for _, k in _fires(conn))
+    gone = subprocess.run(
+        [sys.executable, "-m", "slotd", "schedules", "delete", "tick"],
+        env=env, capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert gone.returncode == 0, gone.stderr

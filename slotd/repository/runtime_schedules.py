@@ -37,6 +37,12 @@ def listed(target: Executor, schema: str) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
+def next_fire(conn: psycopg.Connection[Any], schema: str) -> tuple[datetime | None, datetime]:
+    """The soonest next fire time (None: no runtime schedule) and the database's clock: an
+    idle look is this one statement, no transaction (`fire_due` only once one is due)."""
+    return conn.execute(_sql("runtime_schedules_next", schema)).fetchone()  # type: ignore[return-value]
+
+
 def fire_due(
     conn: psycopg.Connection[Any],
     schema: str,
@@ -69,5 +75,5 @@ def fire_due(
             done = conn.execute(_sql("runtime_schedules_fire", schema), params).fetchall()
             advanced = len(done)
             enqueued = sum(1 for _, task_id in done if task_id is not None)
-    next_fire, db_now = conn.execute(_sql("runtime_schedules_next", schema)).fetchone()  # type: ignore[misc]
-    return advanced, enqueued, next_fire, db_now
+    next_at_, db_now = next_fire(conn, schema)
+    return advanced, enqueued, next_at_, db_now

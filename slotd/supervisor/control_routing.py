@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from slotd.supervisor.slot_pool import SlotHandle
 
@@ -25,6 +25,9 @@ CANCEL_MEMORY = 60.0
 class ControlRouting:
     def __init__(self, slots: Mapping[int, SlotHandle]) -> None:
         self.slots = slots  # the pool's live map of slot number -> handle; only read here
+        # A runtime schedule put somewhere in the fleet (sql `runtime_schedule_put`): the
+        # schedule thread's poke, once it runs.
+        self.on_schedule: Callable[[], None] | None = None
         self.cancels: dict[str, tuple[float, int, str]] = {}  # token -> (forget at, id, by)
 
     def heard(self, payload: str) -> None:
@@ -47,6 +50,9 @@ class ControlRouting:
                 f" until {until}" if until else "",
                 extra={"task_type": message.get("task_type"), "by": by},
             )
+        elif op == "schedule":
+            if self.on_schedule is not None:
+                self.on_schedule()
         elif op == "resume":
             log.info(
                 "task type %s resumed by %s",

@@ -45,6 +45,9 @@ class Listener:
         self.selftest_deadline: float | None = None
         self.selftest_seen = False
         self.notify_reaches = True  # until a self-test's notification fails to arrive
+        # Told each time LISTEN is (re)opened: notifications sent while deaf are lost, so
+        # whoever waits on one looks once (the runtime schedules' thread).
+        self.on_open: Callable[[], None] | None = None
 
     def due(self, now: float, chores: Chores) -> bool:
         return self.conn is None and not chores.pending["listen"] and now >= self.retry_at
@@ -88,6 +91,8 @@ class Listener:
         self.conn = done.value
         self.backoff.reset()
         self.repeats.ok()
+        if self.on_open is not None:
+            self.on_open()
         return True
 
     def socket(self) -> int | None:

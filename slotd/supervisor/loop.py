@@ -344,7 +344,17 @@ class Supervisor:
         their own on every replica: any replica may fire them."""
         from slotd.supervisor import runtime_schedules
 
-        self.runtime_schedules = runtime_schedules.start(self.settings, self.write_url)
+        listener = self.listener
+        self.runtime_schedules = runtime_schedules.start(
+            self.settings,
+            self.write_url,
+            # A put's notification reaches us: LISTEN is up and its self-test came back.
+            lambda: (
+                listener.conn is not None and listener.selftest_seen and listener.notify_reaches
+            ),
+        )
+        self.control.on_schedule = self.runtime_schedules.poke
+        listener.on_open = self.runtime_schedules.poke
         if self.registry.schedules:
             from slotd.supervisor.scheduler import start
 

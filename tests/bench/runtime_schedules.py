@@ -41,6 +41,9 @@ from slotd.dev.localpg import LocalPostgres  # noqa: E402
 from slotd.repository import migrate  # noqa: E402
 from slotd.supervisor.runtime_schedules import RuntimeScheduleThread  # noqa: E402
 
+SPREAD = r"""UPDATE slotd_runtime_schedules
+SET next_fire_at = now() + random() * substring(expression FROM 'every (\d+)s')::int
+                                    * interval '1 second'"""
 LATE = "SELECT coalesce(max(extract(epoch FROM now() - next_fire_at)), 0)::float8 FROM slotd_runtime_schedules WHERE next_fire_at <= now()"  # noqa: E501
 
 
@@ -115,6 +118,12 @@ def main() -> None:
             t = time.monotonic()
             put(url, args.n, period)
             print(f"{name}: put {args.n} schedules in {time.monotonic() - t:.1f}s", flush=True)
+            if name == "firing":
+                # The steady state: each schedule's next fire somewhere within its period
+                # from now. Fresh from their put none would fall due for 10 s, and a short
+                # window (the smoke's 3 s) would see no fire at all.
+                with psycopg.connect(url, autocommit=True) as conn:
+                    conn.execute(SPREAD)
             out[name] = window(url, args.seconds, args.replicas)
             print(name, out[name], flush=True)
     finally:
@@ -145,7 +154,10 @@ runtime-schedule threads in-process, each on its own connection, local socket).
 
 Only due rows are read (an index range on next_fire_at, FOR UPDATE SKIP LOCKED, 500 a
 batch), so an idle replica's cost does not grow with N: one `runtime_schedules_next` per
-second. Lateness is sampled every 100 ms as the most overdue due row's age.
+second here (these threads hear no notifications, so they look every POLL); a `slotd run`
+whose LISTEN works looks at the soonest fire time, when a put notifies, or every 5 minutes.
+Before the window, each schedule's next fire is spread over its period from now (the steady
+state). Lateness is sampled every 100 ms as the most overdue due row's age.
 """
     with open(args.results, "a") as results:
         results.write(text)
