@@ -93,14 +93,16 @@ UNION ALL
 -- ordering indexes lead with the type, sql/011), so each live type (a loose index scan)
 -- gives its first rows after the cursor from slotd_tasks_due_by_type and the page is the
 -- first of those: types x the page size index entries at most, at any depth. A type, ids
--- or a key narrow it, as on the dead-letter page. A dependant waiting on its parents
--- (run_at infinity) comes last, shown with no due time; a cursor without a time is one.
+-- or a key narrow it, as on the dead-letter page. A task waiting on its parents, an event
+-- without a timeout or its sequence's turn (run_at infinity) comes last, shown with what it
+-- waits on (wait_event, sequence_waiting) instead of a due time; a cursor without a time
+-- is one.
 WITH {live_types}
 SELECT p.* FROM live_types l
 CROSS JOIN LATERAL (
     SELECT t.id, t.task_type, {task_key} AS key, {shown_run_at}, t.attempt_count, t.max_attempts,
            t.priority, {running} AS running, t.cancelled_at IS NOT NULL AS cancelled,
-           {task_state} AS state, now() AS db_now
+           {task_state} AS state, t.wait_event, t.sequence_waiting, now() AS db_now
     FROM slotd_tasks t
     WHERE t.task_type = l.task_type AND {retryable}
       AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))

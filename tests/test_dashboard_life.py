@@ -117,6 +117,11 @@ def test_a_live_task_shows_its_times_steps_and_what_it_waits_for(
         assert "none: it waits until the event is emitted" in page
         assert 'id="due">when its event is emitted<' in page
         assert "after its parents" not in page
+        # The listings say what it waits on too (they said "after its parents" of any task
+        # with no due time).
+        for listing in (client.get("/tasks").text, client.get("/types/life.order").text):
+            [row] = [r for r in listing.split("<tr") if f'data-id="{waiter}"' in r]
+            assert "when its event is emitted" in row, row
         client.app.state.dashboard.close()  # type: ignore[attr-defined]
 
 
@@ -184,4 +189,7 @@ def test_a_sequence_member_waits_its_turn(conn: psycopg.Connection[Any], db_url:
         assert 'id="due">when its turn in its sequence comes<' in page
         assert "after its parents" not in page
         assert 'id="wake"' not in client.get(f"/tasks/{head}").text  # the head is due
+        listing = client.get("/tasks").text
+        [row] = [r for r in listing.split("<tr") if f'data-id="{follower}"' in r]
+        assert "when its turn in its sequence comes" in row, row
         client.app.state.dashboard.close()  # type: ignore[attr-defined]

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from slotd.repository import DashboardReads
+from slotd.repository.states import DEAD as DEAD_STATES
 
 PAGE = 100
 # How many dead letters one error search looks through: no index knows error text, so the
@@ -108,10 +109,24 @@ def dead(
 
 
 def mark_states(rows: list[dict[str, Any]]) -> None:
-    """How far each live task's due time is (its state is slotd's, fragment task_state)."""
+    """How far each live task's due time is (its state is slotd's, fragment task_state), or,
+    with none, what it waits on."""
     for row in rows:
-        run_at = row["run_at"]  # None: waiting on its parents or an event (infinity)
+        run_at = row["run_at"]  # None: infinity, it waits on something other than time
         row["due_s"] = None if run_at is None else (run_at - row["db_now"]).total_seconds()
+        row["due_words"] = due_words(row) if run_at is None else None
+
+
+def due_words(row: dict[str, Any]) -> str:
+    """When a task with no due time (run_at infinity) runs: its event, its sequence's turn,
+    else its parents (sql/019); a dead letter never."""
+    if row.get("state") in DEAD_STATES:
+        return "never: a dead letter"
+    if row.get("wait_event"):  # an event wait without a timeout (sql/072)
+        return "when its event is emitted"
+    if row.get("sequence_waiting"):  # sql/080
+        return "when its turn in its sequence comes"
+    return "after its parents"
 
 
 def shorten(rows: list[dict[str, Any]]) -> None:

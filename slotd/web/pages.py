@@ -321,12 +321,8 @@ def _live_task(row: dict[str, Any]) -> None:
     row["started_at"] = row["first_started_at"] or row["last_attempted_at"]
     if row["dead"]:
         row["due_in"] = None  # it never runs again unless retried
-    elif row["run_at"] is None and row["wait_event"]:  # an event wait without a timeout
-        row["due_in"] = "when its event is emitted"
-    elif row["run_at"] is None and row["sequence_waiting"]:
-        row["due_in"] = "when its turn in its sequence comes"
-    elif row["run_at"] is None:  # a dependant waiting on its parents (sql/019)
-        row["due_in"] = "after its parents"
+    elif row["run_at"] is None:  # its event, its sequence's turn or its parents
+        row["due_in"] = listings.due_words(row)
     else:
         row["due_in"] = relative((row["run_at"] - now).total_seconds())
 
