@@ -16,11 +16,9 @@ from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from typing import Any
 
-import psycopg
-
 from slotd.payload import encode
 from slotd.producer import enqueue as producing
-from slotd.producer.targets import async_target, sync_target
+from slotd.producer.targets import async_target, savepoint, savepoint_async, sync_target
 from slotd.registry import validate_type_name
 from slotd.repository import NewTask
 from slotd.repository.batches import (
@@ -170,8 +168,7 @@ def batch(
     schema = resolve_schema(schema)
     target = sync_target(conn, "slotd.batch")
     attempts = producing._attempts(max_attempts)
-    session = target if isinstance(target, psycopg.Connection) else target.connection
-    with session.transaction(), producing.hooks_held():
+    with savepoint(target), producing.hooks_held():
         with producing.upgrades.migrated():
             batch_id = open_batch(target, task_type, payload, **attempts, schema=schema)
         members = Batch(target, batch_id, schema)
@@ -196,8 +193,7 @@ async def batch_async(
     schema = resolve_schema(schema)
     target = await async_target(conn, "slotd.batch_async")
     attempts = producing._attempts(max_attempts)
-    session = target if isinstance(target, psycopg.AsyncConnection) else target.connection
-    async with session.transaction():
+    async with await savepoint_async(target):
         with producing.upgrades.migrated():
             batch_id = await open_batch_async(target, task_type, payload, **attempts, schema=schema)
         members = AsyncBatch(target, batch_id, schema)

@@ -9,13 +9,17 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-import psycopg
-
 from slotd import integrations, repository
 from slotd.config import max_attempts_from_env, max_attempts_value, priority_step
 from slotd.producer import debounce as debouncing
 from slotd.producer import sequences
-from slotd.producer.targets import async_target, held_async, sync_target
+from slotd.producer.targets import (
+    async_target,
+    held_async,
+    savepoint,
+    savepoint_async,
+    sync_target,
+)
 from slotd.repository import NewTask
 from slotd.repository.batches import join_batch, join_batch_async
 from slotd.repository.dependencies import (
@@ -178,8 +182,7 @@ def write_many(
         else:
             # One savepoint inside the caller's transaction: the parents are marked and
             # locked first, and a dependant is never seen due.
-            session = target if isinstance(target, psycopg.Connection) else target.connection
-            with session.transaction():
+            with savepoint(target):
                 mark_parents(target, parents, schema=schema)
                 ids = repository.enqueue_many(target, rows, **insert)
                 wait_on(target, ids, parents, schema=schema)
@@ -296,8 +299,7 @@ async def write_many_async(
         elif not parents:
             ids = await repository.enqueue_many_async(target, rows, **insert)
         else:
-            session = target if isinstance(target, psycopg.AsyncConnection) else target.connection
-            async with session.transaction():
+            async with await savepoint_async(target):
                 await mark_parents_async(target, parents, schema=schema)
                 ids = await repository.enqueue_many_async(target, rows, **insert)
                 await wait_on_async(target, ids, parents, schema=schema)

@@ -123,3 +123,28 @@ def held(target: Executor) -> AbstractContextManager[Any]:
 def held_async(target: AsyncExecutor) -> AbstractAsyncContextManager[Any]:
     conn = target if isinstance(target, psycopg.AsyncConnection) else target.connection
     return conn.transaction() if conn.autocommit else nullcontext()
+
+
+def savepoint(target: Executor) -> AbstractContextManager[Any]:
+    """Around statements that stand or fall together (an after= enqueue's marks, insert and
+    waits; a batch's block): a savepoint in the caller's transaction, so an error undoes
+    these alone and leaves the caller's transaction usable; on an autocommit connection, a
+    transaction of their own. psycopg's `transaction()` on a connection in a transaction's
+    mode with nothing run yet would BEGIN and COMMIT by itself, so the task would exist
+    whatever the caller then does: the caller's transaction is opened first (any statement
+    opens it), and the savepoint nests in it, committed or rolled back with it."""
+    conn = target if isinstance(target, psycopg.Connection) else target.connection
+    if not conn.autocommit and conn.info.transaction_status == _IDLE:
+        conn.execute("SELECT 1")
+    return conn.transaction()
+
+
+async def savepoint_async(target: AsyncExecutor) -> AbstractAsyncContextManager[Any]:
+    """`savepoint` on an asyncio connection: awaited for the context manager."""
+    conn = target if isinstance(target, psycopg.AsyncConnection) else target.connection
+    if not conn.autocommit and conn.info.transaction_status == _IDLE:
+        await conn.execute("SELECT 1")
+    return conn.transaction()
+
+
+_IDLE = psycopg.pq.TransactionStatus.IDLE
