@@ -11,6 +11,10 @@ from slotd.environment import BY_NAME
 from slotd.environment import DEFAULT_METRICS_ADDR as DEFAULT_METRICS_ADDR
 from slotd.errors import ConfigError
 
+# The most a slot may claim in one statement: its ledger's batch record has room for this
+# many leases of each state (slotd/slot/ledger.py, slotd/slot/batching.py).
+CLAIM_BATCH_MAX = 20
+
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -223,6 +227,7 @@ class Settings:
     home: str | None = None
     log_format: str = "text"
     runner_max_tasks: int = 0
+    claim_batch: int = 20  # slotd.slot.batching.MAX_BATCH at most (the ledger's room)
     runner_max_rss_mib: int = 0
     faults: Faults = field(default_factory=Faults)
     allow_faults: bool = False
@@ -259,6 +264,7 @@ class Settings:
             home=_raw("SLOTD_HOME"),
             log_format=(_raw("SLOTD_LOG_FORMAT") or _default("SLOTD_LOG_FORMAT")),
             runner_max_tasks=_int("SLOTD_RUNNER_MAX_TASKS"),
+            claim_batch=_int("SLOTD_CLAIM_BATCH", minimum=1),
             runner_max_rss_mib=_int("SLOTD_RUNNER_MAX_RSS_MIB"),
             faults=Faults(
                 error=_float("SLOTD_FAULT_ERROR"),
@@ -304,4 +310,6 @@ class Settings:
             raise ConfigError("SLOTD_HEARTBEAT_INTERVAL must be between 0 and 1m")
         if self.poll_interval.total_seconds() <= 0:
             raise ConfigError("SLOTD_POLL_INTERVAL must be positive")
+        if not 1 <= self.claim_batch <= CLAIM_BATCH_MAX:
+            raise ConfigError(f"SLOTD_CLAIM_BATCH must be between 1 and {CLAIM_BATCH_MAX}")
         return self

@@ -130,6 +130,13 @@ VARIABLES: tuple[Variable, ...] = (
         WORKER,
     ),
     Variable(
+        "SLOTD_CLAIM_BATCH",
+        "20",
+        "at depth, the most tasks a slot claims (and settles) in one statement, each under its"
+        " own lease; 1: one per statement, nothing prefetched (at most 20)",
+        WORKER,
+    ),
+    Variable(
         "SLOTD_RUNNER_MAX_RSS_MIB",
         "0",
         "recycle a slot's runner process, between tasks, once it uses this much memory (0: never)",

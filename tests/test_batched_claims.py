@@ -6,13 +6,16 @@ hand give the batch back at once (the rule book's "batched", slotd/lifecycle/__i
 from __future__ import annotations
 
 import collections
+import os
+import subprocess
+import sys
 from typing import Any
 
 import psycopg
 
 import slotd
 from slotd.repository import Repository, lease_tokens
-from tests.daemon import FAST, Daemon, wait_for
+from tests.daemon import FAST, ROOT, Daemon, wait_for
 
 
 def start(daemons: list[Daemon], db_url: str, **kw: Any) -> Daemon:
@@ -49,6 +52,30 @@ def test_a_deep_backlog_is_claimed_in_batches_each_task_under_its_own_lease(
     assert len(tokens) == len(ids)
     margin = 3.0  # the tests' SLOTD_LEASE_MARGIN (tests.daemon.FAST)
     assert {float(note.split("|")[2]) for _, _, note in seen} == {30.0 + margin}
+
+
+def test_claim_batch_one_claims_a_deep_backlog_one_task_per_statement(
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+) -> None:
+    """SLOTD_CLAIM_BATCH=1 turns batching off: the same backlog as above, each task claimed
+    by a statement of its own (a transaction's own now()); 2 claims as many as it can."""
+    start(daemons, db_url, slots=1, env={"SLOTD_CLAIM_BATCH": "1"})
+    slotd.enqueue_many(qconn, [("rt.tally", {"n": n}) for n in range(300)])
+    wait_for(lambda: drained(qconn), timeout=60, what="the backlog to drain")
+    stamps = collections.Counter(note.split("|")[0] for _, _, note in runs(qconn))
+    assert len(stamps) == 300 and set(stamps.values()) == {1}
+
+
+def test_a_claim_batch_out_of_range_is_one_line_exit_2(db_url: str) -> None:
+    env = {**os.environ, "SLOTD_DATABASE_URL": db_url, "SLOTD_CLAIM_BATCH": "21"}
+    run = subprocess.run(
+        [sys.executable, "-m", "slotd", "run", "--app", "tests.apps.runtime:registry"],
+        env=env, capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().splitlines() == [
+        "slotd: SLOTD_CLAIM_BATCH must be between 1 and 20"
+    ], run.stderr
 
 
 def test_at_low_load_a_wake_claims_one_task(

@@ -5,7 +5,7 @@ settled, and how many to claim per statement.
 How many, measured rather than guessed: the depth is the candidates the slot's discovery
 found and it has not consumed yet (a discovery reads the due index's head, so a deep backlog
 fills it); the handler's time is a moving average of this slot's attempts, wall time from
-the runner's message to its answer. A claim takes n = min(MAX_BATCH, depth, BATCH_WAIT_S /
+the runner's message to its answer. A claim takes n = min(SLOTD_CLAIM_BATCH, depth, BATCH_WAIT_S /
 that average) rows: the last of them waits about BATCH_WAIT_S for the ones before it. Below
 two, the slot claims one row per statement, as it always did: at low load (a wake finds one
 or two rows) and for handlers longer than BATCH_WAIT_S / 2. Bounds on the waits a batch
@@ -19,10 +19,11 @@ import time
 from collections import deque
 from datetime import timedelta
 
+from slotd.config import CLAIM_BATCH_MAX
 from slotd.outcome import Result
 from slotd.repository import Claimed
 
-MAX_BATCH = 20
+MAX_BATCH = CLAIM_BATCH_MAX  # SLOTD_CLAIM_BATCH lowers it per replica
 BATCH_WAIT_S = 0.05
 PREFETCH_MAX_WAIT_S = 1.0
 DEFER_MAX_S = 0.05
@@ -31,8 +32,9 @@ _WEIGHT = 0.2
 
 
 class Batch:
-    def __init__(self, margin: timedelta) -> None:
+    def __init__(self, margin: timedelta, most: int = MAX_BATCH) -> None:
         self.margin = margin
+        self.most = min(most, MAX_BATCH)  # SLOTD_CLAIM_BATCH
         self.waiting: deque[tuple[Claimed, float]] = deque()  # prefetched, with its claim's time
         self.done: list[tuple[Claimed, Result]] = []  # ran to success, not settled yet
         self.done_since: float | None = None
@@ -53,7 +55,7 @@ class Batch:
         if self.average_s is None or depth < 2:
             return 1
         fits = int(BATCH_WAIT_S / max(self.average_s, 1e-4))
-        return max(1, min(MAX_BATCH, depth, fits))
+        return max(1, min(self.most, depth, fits))
 
     def fetched(self, claims: list[Claimed]) -> None:
         now = time.monotonic()

@@ -80,7 +80,9 @@ class Slot:
         )
         self.bell = Bell(spec.ledger, self._report, lambda: self.runners.pid)
         self.attempt = AttemptWatch(self)  # the watch over each attempt (slotd.attempt_watch)
-        self.batch = Batch(settings.lease_margin)  # prefetched and unsettled (#43)
+        self.batch = Batch(
+            settings.lease_margin, settings.claim_batch
+        )  # prefetched and unsettled (#43)
 
     # process set-up and the loop
 
