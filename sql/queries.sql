@@ -499,9 +499,9 @@ UNION ALL
 
 -- fragment: claim_picked
 picked AS MATERIALIZED (
-    SELECT l.id FROM unnest(%(ids)s::bigint[]) AS c(id)
+    SELECT l.id, l.lapsed_at, l.lapsed_started FROM unnest(%(ids)s::bigint[]) AS c(id)
     CROSS JOIN LATERAL (
-        SELECT t.id FROM slotd_tasks t
+        SELECT t.id, {lapsed_lease} FROM slotd_tasks t
         WHERE t.id = c.id AND {claimable}
           AND t.task_type = ANY(%(types)s::text[]) AND {within_limits}
         LIMIT 1
@@ -513,9 +513,10 @@ picked AS MATERIALIZED (
 -- fragment: claim_picked_rated
 -- claim_picked, plus within_rates, and the type and group the rate CTEs record.
 picked AS MATERIALIZED (
-    SELECT l.id, l.task_type, l.task_group FROM unnest(%(ids)s::bigint[]) AS c(id)
+    SELECT l.id, l.task_type, l.task_group, l.lapsed_at, l.lapsed_started
+    FROM unnest(%(ids)s::bigint[]) AS c(id)
     CROSS JOIN LATERAL (
-        SELECT t.id, t.task_type, t.task_group FROM slotd_tasks t
+        SELECT t.id, t.task_type, t.task_group, {lapsed_lease} FROM slotd_tasks t
         WHERE t.id = c.id AND {claimable}
           AND t.task_type = ANY(%(types)s::text[]) AND {within_limits} AND {within_rates}
         LIMIT 1
@@ -551,8 +552,18 @@ claimed AS (
     -- the attempt replays instead of running them again; NULL for a task that took none.
     RETURNING t.id, t.task_type, t.payload, {task_key}, t.run_at, t.attempt_count,
               t.max_attempts, t.lease_token, t.lease_expires_at, now() AS claimed_at,
-              t.trace_context, t.has_dependants, {parent_results}, t.batch_id, t.steps
+              t.trace_context, t.has_dependants, {parent_results}, t.batch_id, t.steps,
+              picked.lapsed_at, picked.lapsed_started
 )
+
+-- fragment: lapsed_lease
+-- The lease this claim takes over, if one lapsed on the row (a replica died whole, or was
+-- frozen, with an attempt left to run): when it lapsed and when its attempt started, read
+-- under the claim's row lock before the claim overwrites them. The claim's holder then
+-- remembers that attempt (`lapse_remembered`, slotd/lifecycle/, "lapsed"); NULL for every
+-- other claim. No table beyond the task's is named: the plain claim's plan is unchanged.
+CASE WHEN t.lease_token IS NOT NULL THEN t.lease_expires_at END AS lapsed_at,
+CASE WHEN t.lease_token IS NOT NULL THEN t.last_attempted_at END AS lapsed_started
 
 -- fragment: claim_rate_record
 rate_starts AS (
@@ -1410,7 +1421,9 @@ ORDER BY CASE WHEN %(view)s::text = 'dead' THEN t.last_attempted_at END DESC NUL
 -- leased to nobody until ceiling + margin. claimed_at: the claim's own stamp.
 SELECT t.id, t.task_type, t.payload, {task_key}, t.run_at, t.attempt_count, t.max_attempts,
        t.lease_token, t.lease_expires_at, t.last_attempted_at AS claimed_at,
-       t.trace_context, t.has_dependants, {parent_results}, t.batch_id, t.steps
+       t.trace_context, t.has_dependants, {parent_results}, t.batch_id, t.steps,
+       -- The lease a lost claim took over is not known any more: its lapse goes unrecorded.
+       NULL::timestamptz AS lapsed_at, NULL::timestamptz AS lapsed_started
 FROM slotd_tasks t
 WHERE t.lease_token = %(token)s::uuid AND {lease_live}
 
@@ -1660,6 +1673,21 @@ CROSS JOIN LATERAL (SELECT pg_notify('slotd_result', x.id::text)) n
 CROSS JOIN (SELECT count(*) FROM told) cascaded
 CROSS JOIN (SELECT count(*) FROM batch_woken) callbacks
 GROUP BY x.task_type, x.dead_reason
+
+-- name: lapse_remembered
+-- An attempt with attempts left whose lease lapsed (its replica died whole or froze), as
+-- remembered by the claim that took the row over (slotd/lifecycle/, "lapsed"; fragment
+-- `lapsed_lease`): crashed, run by a worker nobody can name any more, ended when its lease
+-- lapsed. Fenced on the new lease, so only its holder writes it, once.
+INSERT INTO slotd_attempts (task_id, task_type, number, outcome, error, started_at, ended_at)
+SELECT t.id, t.task_type, t.attempt_count - 1, 'crashed',
+       format('attempt %%s was never settled: its lease lapsed at %%s with no replica left '
+              'holding it', t.attempt_count - 1,
+              to_char(%(lapsed_at)s::timestamptz AT TIME ZONE 'UTC',
+                      'YYYY-MM-DD"T"HH24:MI:SS"Z"')),
+       %(started_at)s::timestamptz, %(lapsed_at)s::timestamptz
+FROM slotd_tasks t
+WHERE t.id = %(id)s AND t.lease_token = %(token)s::uuid
 
 -- name: pause
 -- Fleet-wide: the claim statement reads this table, so a pause needs no replica to hear of

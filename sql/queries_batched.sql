@@ -15,9 +15,10 @@
 -- same lateral lookup by primary key, the same SKIP LOCKED and recheck; the LIMIT stops the
 -- walk at the n-th claimable candidate, so no row past it is locked.
 picked AS MATERIALIZED (
-    SELECT l.id, c.ord FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS c(id, ord)
+    SELECT l.id, c.ord, l.lapsed_at, l.lapsed_started
+    FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS c(id, ord)
     CROSS JOIN LATERAL (
-        SELECT t.id FROM slotd_tasks t
+        SELECT t.id, {lapsed_lease} FROM slotd_tasks t
         WHERE t.id = c.id AND {claimable}
           AND t.task_type = ANY(%(batchable)s::text[])
         LIMIT 1
@@ -26,7 +27,8 @@ picked AS MATERIALIZED (
     LIMIT %(n)s
 ), numbered AS (
     -- Each row its own token, the k-th claimable candidate the k-th of the slot's tokens.
-    SELECT p.id, (%(lease_tokens)s::uuid[])[row_number() OVER (ORDER BY p.ord)] AS token
+    SELECT p.id, (%(lease_tokens)s::uuid[])[row_number() OVER (ORDER BY p.ord)] AS token,
+           p.lapsed_at, p.lapsed_started
     FROM picked p
 )
 
@@ -51,7 +53,8 @@ claimed AS (
     WHERE t.id = n.id AND c0.task_type = t.task_type
     RETURNING t.id, t.task_type, t.payload, {task_key}, t.run_at, t.attempt_count,
               t.max_attempts, t.lease_token, t.lease_expires_at, now() AS claimed_at,
-              t.trace_context, t.has_dependants, {parent_results}, t.batch_id, t.steps
+              t.trace_context, t.has_dependants, {parent_results}, t.batch_id, t.steps,
+              n.lapsed_at, n.lapsed_started
 )
 
 -- name: claim_many
@@ -80,6 +83,7 @@ FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
 -- lost (see held_lease).
 SELECT t.id, t.task_type, t.payload, {task_key}, t.run_at, t.attempt_count, t.max_attempts,
        t.lease_token, t.lease_expires_at, t.last_attempted_at AS claimed_at, t.trace_context,
-       t.has_dependants, {parent_results}, t.batch_id, t.steps
+       t.has_dependants, {parent_results}, t.batch_id, t.steps,
+       NULL::timestamptz AS lapsed_at, NULL::timestamptz AS lapsed_started
 FROM slotd_tasks t
 WHERE t.lease_token = ANY(%(tokens)s::uuid[]) AND {lease_live}

@@ -104,6 +104,30 @@ def test_a_lapsed_final_attempt_is_remembered_crashed_with_no_worker(
     assert only.error is not None and "its lease lapsed" in only.error
 
 
+def test_a_lapsed_attempt_with_attempts_left_is_remembered_by_the_claim_that_takes_it_over(
+    qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+) -> None:
+    task_id = slotd.enqueue(qconn, "lc.frozen_once", {})
+    victim = _daemon(db_url, daemons, slots=1)
+    wait_for(lambda: _starts(qconn, task_id) == 1, what="the first attempt")
+    _freeze(victim)  # the whole replica: nobody is left to settle the attempt
+    row = qconn.execute(
+        "SELECT lease_expires_at FROM slotd_tasks WHERE id = %s", (task_id,)
+    ).fetchone()
+    assert row is not None
+    wait_for(lambda: _lapsed(qconn, task_id), what="its lease to lapse")
+    daemon = _daemon(db_url, daemons, slots=1)
+    got = slotd.wait_result(qconn, task_id, timeout=30)
+    assert got is not None and got.state == "succeeded"
+    first, second = got.attempts
+    assert (first.number, first.outcome, first.worker) == (1, "crashed", None)
+    assert first.error is not None and "its lease lapsed" in first.error
+    assert first.ended_at == row[0]  # when its lease lapsed
+    assert first.started_at is not None and first.started_at < first.ended_at
+    assert (second.number, second.outcome) == (2, "success")
+    assert second.worker == f"{socket.gethostname()}:{daemon.pid}:0"
+
+
 def test_a_plain_success_leaves_nothing_and_retention_prunes_its_attempts(
     qconn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
 ) -> None:

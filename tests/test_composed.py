@@ -17,17 +17,19 @@ from slotd.repository import composed, named, statements
 # `dequeue_claim`, `dequeue_claim_rated` and `record_failure` were on main 0639e0e, just
 # before the composition (the shared limits' parts spliced as nothing): the hot path pays
 # for no feature. A change here is a change of the hot path: measure it
-# (tests/bench/cpu_per_task.py, run.py --only floor) and say so.
+# (tests/bench/cpu_per_task.py, run.py --only floor) and say so. Changed once since: the
+# claims read the lease they take over (fragment lapsed_lease, two columns; #37's lapsed
+# attempts remembered), measured by tests/bench/lapse_cost.py (tests/bench/RESULTS.md).
 PLAIN_PATH = {
-    composed.claimed("plain"): "2efa6be0e0c16c585f53cc830209ddcd1a6ad0649d567754d8374a1a30b34c62",
-    composed.claimed("rated"): "b19db474125ee801f811e8a7edb27595e89ab86f62f4fb4d96efd4951a895ff9",
+    composed.claimed("plain"): "3fcfa79047184aa94eda6cca978da29e235652f47b18f69284c2fcbbdf6ae011",
+    composed.claimed("rated"): "289cc6667b323034d875decbd47952c405f5740f48875d590444f61cd710dd50",
     composed.succeeded("plain"): "532ede50d400d6827630c0d0a65e4aff6a898bf650ae229656e94cc46e1c5fa2",
     composed.succeeded(
         "plain", "plain"
-    ): "1bb73e5ee5284b16ef3513fdca3b1fe3ca52ce74624c5780108f4bb9a83b4651",
+    ): "0bfc963eef44053e65344f0661f9f3b97b8f9e76bfcf65d4bc7745355ca0a366",
     composed.succeeded(
         "plain", "rated"
-    ): "9e76eb62b7bb653a2799580e3169b888c7ab65867f027ff8cb069657d4b36a9f",
+    ): "907e86b6d27db984c35d0a0dd494b6ca297e354ff16929e546f352d28d1fdda8",
     composed.failed("plain"): "f10c5c997d720dbd3509eb1d592fd1ababc092fd1d391a84e41bec69b632fe19",
 }
 

@@ -105,8 +105,38 @@ def test_an_attempt_with_attempts_left_is_left_to_the_next_claim(
     assert first is not None
     _lapse(conn, task_id)
     assert lifecycle.lapse(repo) == {}
+    expired = conn.execute(
+        "SELECT lease_expires_at, last_attempted_at FROM slotd_tasks WHERE id = %s", (task_id,)
+    ).fetchone()
     again = repo.claim([task_id], reg)  # claimable again at once: the seed's rule
     assert again is not None and again.attempt == 2
+    # The claim that took the lapsed lease over remembered its attempt, once.
+    assert expired is not None and (again.lapsed_at, again.lapsed_started) == tuple(expired)
+    remembered = conn.execute(
+        "SELECT number, outcome, host, started_at, ended_at, error FROM slotd_attempts"
+        " WHERE task_id = %s",
+        (task_id,),
+    ).fetchall()
+    assert [r[:5] for r in remembered] == [(1, "crashed", None, expired[1], expired[0])]
+    assert "its lease lapsed" in remembered[0][5]
+
+
+def test_a_batched_claim_remembers_each_lapsed_attempt_it_takes_over(
+    conn: psycopg.Connection[Any],
+) -> None:
+    repo, reg = Repository(conn), _registry()
+    lapsed, fresh = (slotd.enqueue(conn, "fl.member", {}, max_attempts=3) for _ in range(2))
+    assert repo.claim([lapsed], reg) is not None
+    _lapse(conn, lapsed)
+    claims = repo.claim_many([lapsed, fresh], reg, ["a" * 32, "b" * 32])
+    assert [(c.id, c.attempt, c.lapsed_at is not None) for c in claims] == [
+        (lapsed, 2, True),
+        (fresh, 1, False),
+    ]
+    remembered = conn.execute(
+        "SELECT task_id, number, outcome FROM slotd_attempts ORDER BY id"
+    ).fetchall()
+    assert remembered == [(lapsed, 1, "crashed")]
 
 
 def test_a_cancelled_attempt_that_lapsed_keeps_its_cancel_and_is_counted_cancelled(

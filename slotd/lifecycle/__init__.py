@@ -149,6 +149,13 @@ nothing, and is told so (`lost`).
   attempt) by the replica whose sweep settled it. A holder still alive past its lease has
   lost it already (it retries a settlement only while its lease lasts): the sweep clears
   the token its late write is fenced on, and that write is `lost`.
+  An attempt with attempts left whose lease lapsed is not swept: its row is claimable again
+  at once (the seed's rule), and the claim that takes it over remembers the lapsed attempt
+  (slotd_attempts: `crashed`, no worker, ended at the lapse, sql `lapse_remembered`), in
+  the claimer's next statement, fenced on its new lease so exactly one claim records it.
+  The claim reads the old lease under its row lock (fragment `lapsed_lease`) and names no
+  other table: a plain claim's plan and cost are unchanged. A claim whose answer was lost
+  (found again by held_lease) cannot record it: that lapse goes unremembered.
 - sequences (#39, sql/080): a member of a sequence runs only as its head; its settlement
   (always a linked one: every member is marked has_dependants) first takes the sequence's
   row lock in a statement of its own (sql `sequence_lock_task`), so its snapshot sees every

@@ -58,7 +58,7 @@ class BatchedQueue(QueueProtocol):
         if not ids or not tokens:
             return []
         _, rows = self._write("claim_many", self._many_params(ids, registry, tokens))
-        return _in_order([Claimed(*row) for row in rows], ids)
+        return _in_order([self.remember_lapse(Claimed(*row)) for row in rows], ids)
 
     def dequeue_many_and_claim(
         self,
@@ -76,7 +76,7 @@ class BatchedQueue(QueueProtocol):
         params["done_tokens"] = "{" + ",".join(c.token.hex for c in done) + "}"
         _, rows = self._write("dequeue_many_claim_many", params)
         dequeued = set(rows[0][0]) if rows else set()
-        claims = [Claimed(*row[1:]) for row in rows if row[1] is not None]
+        claims = [self.remember_lapse(Claimed(*row[1:])) for row in rows if row[1] is not None]
         return dequeued, _in_order(claims, ids)
 
     def held_leases(self, tokens: Sequence[str]) -> list[Claimed]:

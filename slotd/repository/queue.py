@@ -48,6 +48,10 @@ class Claimed:
     # Its durable steps stored so far (sql/070): [{"name", "value", "at"}] in the order they
     # ran, None when it took none. The attempt replays them (slotd.task.Context.step).
     steps: list[dict[str, Any]] | None = None
+    # The lease this claim took over, when one had lapsed on the row (fragment lapsed_lease):
+    # when it lapsed and when its attempt started; None for every other claim.
+    lapsed_at: datetime | None = None
+    lapsed_started: datetime | None = None
 
     @property
     def linked(self) -> bool:
@@ -313,7 +317,21 @@ class QueueProtocol(Lanes):
         name = self._shared(name, registry)
         params = {**self._claim_params(ids, registry), "lease_token": lease_token}
         _, rows = self._write(name, params, lock)
-        return Claimed(*rows[0]) if rows else None
+        return self.remember_lapse(Claimed(*rows[0])) if rows else None
+
+    def remember_lapse(self, claimed: Claimed) -> Claimed:
+        """The attempt whose lapsed lease `claimed` took over, remembered (sql
+        `lapse_remembered`; slotd/lifecycle/, "lapsed"); a claim of a row nobody held
+        costs nothing here. Returns `claimed`."""
+        if claimed.lapsed_at is not None:
+            params = {
+                "id": claimed.id,
+                "token": claimed.token,
+                "lapsed_at": claimed.lapsed_at,
+                "started_at": claimed.lapsed_started,
+            }
+            self._write("lapse_remembered", params)
+        return claimed
 
     def _fair(self, ids: Sequence[int], registry: Registry) -> bool:
         """Whether this claim may pick a fair type's row (its turn is stamped then): one
@@ -393,7 +411,7 @@ class QueueProtocol(Lanes):
         before = _sequence_lock(task_id) if part == "linked" else None
         _, rows = self._write(name, params, lock, before)
         dequeued, *claim = rows[0]
-        claimed = Claimed(*claim) if claim[0] is not None else None
+        claimed = self.remember_lapse(Claimed(*claim)) if claim[0] is not None else None
         if not dequeued and part == "member" and linked is not None:
             # Refused: the member gained dependants since its claim, or the lease is gone.
             # The linked statement settles the first and refuses the second; the claim that

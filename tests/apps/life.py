@@ -141,3 +141,16 @@ def killed(task: slotd.Task, ctx: slotd.Context) -> Any:
     _record(task, "start")
     if task.attempt == 1:
         time.sleep(60)
+
+
+@registry.handler(
+    "lc.frozen_once",
+    ceiling=timedelta(seconds=2),
+    max_attempts=3,
+    keep_history=KEEP,
+)
+def frozen_once(task: slotd.Task, ctx: slotd.Context) -> Any:
+    """Its first attempt outlives its lease (the test freezes its replica); the second ends."""
+    _record(task, "start")
+    if task.attempt == 1:
+        time.sleep(60)

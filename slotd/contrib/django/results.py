@@ -225,7 +225,18 @@ def errors_of(stored: list[dict[str, Any]], ran: Sequence[Attempt]) -> list[Task
             lost.setdefault(number, err)
         else:
             own.setdefault(number, err)
-    remembered = {a.number: a for a in ran if a.outcome not in _CLEAN_ENDS and a.error}
+    # An attempt slotd remembers with no worker is a lapse (its replica died or froze): the
+    # queue never heard its end, but the task's code may have finished it (a success whose
+    # settlement was lost is re-run, not failed). It is an error only where Django saw it
+    # unfinished: the next delivery found it RUNNING (`lost`), or nothing came after it.
+    newest = max((a.number for a in ran), default=0)
+    remembered = {
+        a.number: a
+        for a in ran
+        if a.outcome not in _CLEAN_ENDS
+        and a.error
+        and (a.worker is not None or a.number in lost or a.number == newest)
+    }
     for number in sorted({*own, *lost, *remembered}):
         if number in own or number not in remembered:
             err = own.get(number) or lost[number]
