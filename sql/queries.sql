@@ -35,37 +35,12 @@
  AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= now()))
 
 -- fragment: task_state
--- A task's state (docs/ARCHITECTURE.md, "A task's states"; slotd/repository/states.py), from
--- its row: the one expression every reader of states uses (slotd.result, slotd status,
--- slotd.tasks(state=), the dashboard, Django's results). Derived, not stored, for this
--- release line: replicas of the previous release write these columns and no state (see the
--- ARCHITECTURE section for the two-step upgrade that stores it). In order:
---   failed / cancelled / expired  a dead letter nobody holds (by its dead_reason; a
---                                 dependant stopped by its parent's end is cancelled);
---   running                       under a live lease (a cancelled attempt too, until it
---                                 settles);
---   expired                       past its expires_at: it will never start, swept or not;
---   waiting                       on its parents (run_at = 'infinity', sql/019), on a
---                                 durable sleep or an event (wait_step, sql/072), or on
---                                 its sequence (sequence_waiting, sql/080);
---   retrying                      an attempt ran and failed, the next is due later;
---   scheduled                     not due yet, no attempt ran;
---   pending                       due, waiting for a slot.
--- succeeded has no row here: it is read from slotd_results (result_of).
-(CASE WHEN t.attempt_count >= t.max_attempts AND NOT {lease_live}
-      THEN CASE coalesce(t.dead_reason,
-                         CASE WHEN t.cancelled_at IS NOT NULL THEN 'cancelled' END)
-                WHEN 'expired' THEN 'expired'
-                WHEN 'cancelled' THEN 'cancelled'
-                WHEN 'parent_failed' THEN 'cancelled'
-                ELSE 'failed' END
-      WHEN {lease_live} THEN 'running'
-      WHEN NOT {unexpired} THEN 'expired'
-      WHEN NOT isfinite(t.run_at) OR t.wait_step IS NOT NULL OR t.sequence_waiting
-      THEN 'waiting'
-      WHEN t.run_at > now() AND t.attempt_count > 0 THEN 'retrying'
-      WHEN t.run_at > now() THEN 'scheduled'
-      ELSE 'pending' END)
+-- A task's state (docs/ARCHITECTURE.md, "A task's states"; slotd/repository/states.py):
+-- the database's own definition (sql/090_task_state.sql, where the states are listed), the
+-- one every reader of states uses (slotd.result, slotd status, slotd.tasks(state=), the
+-- dashboard, Django's results). Inlined by the planner: a statement calling it plans as if
+-- its CASE were written here. Splice it where slotd_tasks is aliased t.
+slotd_task_state(t)
 
 -- predicate: ended
 -- A dead letter whose end has been written: no lease left on it. A final attempt whose lease

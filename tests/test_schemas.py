@@ -392,7 +392,7 @@ def test_the_docs_move_to_a_schema_keeps_every_task(empty_db: str) -> None:
         conn.execute(docs_move_sql())  # type: ignore[arg-type]
         assert slotd_in(conn, "public") == []
         applied = repository.migrate(conn, schema="jobs")  # as the docs say
-        assert applied == ["041_sql_enqueue", "072_waits"]
+        assert applied == ["041_sql_enqueue", "072_waits", "090_task_state"]
         assert named.objects() <= set(slotd_in(conn, "jobs"))
         assert repository.unapplied_migrations(conn, schema="jobs") == []
         later = slotd.enqueue(conn, "t.move", {"n": 3}, schema="jobs")

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 
 import slotd
+from slotd.repository import statements
 from slotd.repository.states import STATES, State
 from tests.apps.life import GATE
 from tests.daemon import Daemon, wait_for
@@ -69,6 +70,9 @@ def test_each_state_as_it_happens(
         table = cli(db_url, "status").stdout.splitlines()
         gated_row = next(line.split() for line in table if line.startswith("lc.gated"))
         assert gated_row[1:7] == ["0", "0", "1", "0", "0", "0"]
+        # The database's own definition (sql/090): an operator's SQL reads what slotd reads.
+        rows = qconn.execute("SELECT t.id, slotd_task_state(t) FROM slotd_tasks t").fetchall()
+        assert len(rows) >= 6 and all(state == _state(qconn, i) for i, state in rows)
 
         assert slotd.cancel(qconn, later)
         assert _state(qconn, later) == "cancelled"
@@ -79,3 +83,22 @@ def test_each_state_as_it_happens(
         gate.close()
     seen = {"scheduled", "waiting", "pending", "running", "retrying", "succeeded", "failed"}
     assert seen | {"cancelled", "expired"} == set(STATES) == {s.value for s in State}
+
+
+def test_the_states_are_the_databases_own_definition_inlined_where_read(
+    qconn: psycopg.Connection[Any],
+) -> None:
+    """Every reader splices slotd_task_state(t) (sql/090); the planner inlines it, so a
+    state costs what the CASE written in place cost, and its definition is one."""
+    assert "slotd_task_state(t)" in statements()["state_counts"]
+    for name in ("state_counts", "result_of"):
+        sql = statements()[name]
+        params = {"id": 1}
+        plan = "\n".join(
+            row[0] for row in qconn.execute(f"EXPLAIN (VERBOSE) {sql}", params).fetchall()
+        )
+        assert "slotd_task_state" not in plan and "CASE WHEN" in plan, plan
+    proc = qconn.execute(
+        "SELECT p.provolatile, p.proconfig FROM pg_proc p WHERE p.proname = 'slotd_task_state'"
+    ).fetchall()
+    assert proc == [("s", None)]  # STABLE, no SET clause: both are what inlining needs

@@ -172,6 +172,14 @@ def test_the_previous_release_keeps_draining_through_migrate_and_beside_new_repl
             lambda: _ends(conn, "old", since) >= 20,
             what="the old replicas to keep draining on the migrated schema",
         )
+        # The rows the old release writes read their state through the database's own
+        # definition (sql/090), with no backfill: leased ones running, the others live.
+        states = conn.execute(
+            "SELECT slotd_task_state(t), coalesce(t.lease_expires_at > now(), false)"
+            " FROM slotd_tasks t"
+        ).fetchall()
+        assert all((state == "running") == live for state, live in states), states
+        assert {state for state, _ in states} <= {"pending", "running", "retrying"}, states
 
         # New replicas beside the old ones, and a producer of this checkout.
         new_env = {**FLEET, "UPGRADE_SIDE": "new"}

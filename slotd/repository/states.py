@@ -1,8 +1,9 @@
 """A task's states: the one vocabulary every surface uses (slotd.result, `slotd status`,
-slotd.tasks(state=), the dashboard, Django's results). The state itself is one SQL
-expression over the task's row (sql/queries.sql, fragment `task_state`: splice it as
-`{task_state}` into a statement that aliases slotd_tasks as t); the diagram of states and
-named transitions is in docs/ARCHITECTURE.md, "A task's states"."""
+slotd.tasks(state=), the dashboard, Django's results). The state itself is the database's
+function slotd_task_state(t) over the task's row (sql/090_task_state.sql; in statements,
+the fragment `task_state`: splice it as `{task_state}` into a statement that aliases
+slotd_tasks as t); the diagram of states and named transitions is in docs/ARCHITECTURE.md,
+"A task's states"."""
 
 from __future__ import annotations
 
