@@ -308,7 +308,7 @@ WHERE m.rate_n IS NOT NULL AND EXISTS (SELECT 1 FROM claimed)
 -- `discover` for a registry with fair types (@registry.handler(..., fair=True)): the same,
 -- but a fair type's candidates take turns by group, round robin: the type's groups with live
 -- rows in name order, starting after the group that started last (slotd_turns, stamped by
--- claim_fair) and wrapping around, each offering its oldest claimable row (by the ordering
+-- claim_ctes_fair) and wrapping around, each offering its oldest claimable row (by the ordering
 -- key); then its ungrouped rows, as one more group, among its next %(fair_window)s. The
 -- groups are enumerated by a loose scan of slotd_tasks_fair (one descent per group, at most
 -- %(limit)s groups from each side of the last one, never a walk of a group's backlog), so a
@@ -418,14 +418,14 @@ turn_taken AS (
     ON CONFLICT (task_type, task_group) DO UPDATE SET started_at = excluded.started_at
 )
 
--- name: claim_fair
--- `claim` when a candidate may be of a fair type: the same claim, and its group's turn.
-WITH {claim_ctes}, {turn_taken}
-SELECT * FROM claimed
+-- fragment: claim_ctes_fair
+-- The claim part (slotd/repository/composed.py, "fair") when a candidate may be of a fair
+-- type: claim_ctes, and its group's turn stamped in the same statement (`turn_taken`),
+-- alone or riding on a settlement as any claim does.
+{claim_ctes}, {turn_taken}
 
--- name: claim_fair_rated
-WITH {claim_ctes_rated}, {turn_taken}
-SELECT * FROM claimed
+-- fragment: claim_ctes_fair_rated
+{claim_ctes_rated}, {turn_taken}
 
 -- name: turns_prune
 -- The retention chore: turns of groups that started nothing for the retention's length

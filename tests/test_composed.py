@@ -89,8 +89,13 @@ def test_a_plain_tasks_statements_are_the_texts_they_were() -> None:
 
 def test_no_combination_is_named_in_sql_any_more() -> None:
     assert [name for name in ENUMERATED if name in statements()] == []
-    # 4 success parts x (no claim, plain, rated) + 2 failure parts + 2 claims alone.
-    assert len(all_composed()) == 4 * 3 + 2 + 2
+    # #39's fair claims were named (claim_fair, claim_fair_rated) and could not ride on a
+    # settlement; they are claim parts now.
+    assert {"claim_fair", "claim_fair_rated"}.isdisjoint(statements())
+    # 4 success parts x (no claim, plain, rated, fair, fair_rated) + 2 failure parts + 4
+    # claims alone.
+    assert len(all_composed()) == 4 * 5 + 2 + 4
+    assert composed.succeeded("plain", "fair") == "succeeded.plain+claim.fair"
     assert composed.succeeded("member", "rated") == "succeeded.member+claim.rated"
 
 

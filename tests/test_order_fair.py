@@ -50,6 +50,40 @@ def test_groups_take_turns_the_least_recently_started_first(conn: psycopg.Connec
     assert _discover(repo, ["ord.fair"])[:3] == [c, a[1], a[2]]
 
 
+class _Recording(Repository):
+    """The repository, naming each statement it runs (the database runs them as ever)."""
+
+    ran: list[str]
+
+    def _write(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        self.ran.append(name)
+        return super()._write(name, *args, **kwargs)
+
+
+def test_a_fair_claim_rides_on_the_settlement_and_stamps_the_turn_in_it(
+    conn: psycopg.Connection[Any],
+) -> None:
+    repo = _Recording(conn)
+    repo.ran = []
+    a = [slotd.enqueue(conn, "ord.fair", {}, group="a") for _ in range(2)]
+    b = slotd.enqueue(conn, "ord.fair", {}, group="b")
+    first = repo.claim(_discover(repo, ["ord.fair"]), _registry())
+    assert first is not None and first.id == a[0]
+    repo.ran.clear()
+    # The settlement and the next claim in one statement (before: settle, then claim, two
+    # transactions): b (never started) before a's second, its turn stamped by it.
+    nxt = repo.dequeue_and_claim(first.id, first.token, _discover(repo, ["ord.fair"]), _registry())
+    assert nxt is not None and nxt.id == b
+    # (the _shared twin: this app declares a shared limit)
+    assert [n.removesuffix("_shared") for n in repo.ran] == ["succeeded.plain+claim.fair"]
+    turns = conn.execute(
+        "SELECT task_group FROM slotd_turns WHERE task_type = 'ord.fair' ORDER BY started_at"
+    ).fetchall()
+    assert turns == [("a",), ("b",)]
+    gone = conn.execute("SELECT count(*) FROM slotd_tasks WHERE id = %s", (a[0],)).fetchone()
+    assert gone == (0,)
+
+
 def test_a_one_task_group_starts_within_a_few_claims_after_200_of_another(
     conn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
 ) -> None:

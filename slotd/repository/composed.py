@@ -18,7 +18,9 @@ A statement is
   transitively, batch counted).
 - the claim part riding on a success: none, `plain` (`claim_ctes`) or `rated`
   (`claim_ctes_rated`, for candidates that may be of a rated type: only it names the rate
-  tables). A claim alone is the claim part with no settlement.
+  tables), and their twins `fair` / `fair_rated` (`claim_ctes_fair*`, for candidates that
+  may be of a fair type: the group's turn stamped in the claim's statement; only they name
+  slotd_turns). A claim alone is the claim part with no settlement.
 - the answer: a success alone answers `dequeued` (how many rows it ended), with a claim
   `dequeued` and the claimed row's columns (NULL: none claimed); a failure answers the
   failed row's attempt_count, max_attempts, run_at (no row: the lease is not ours); a claim
@@ -69,7 +71,14 @@ FAILED = {
     "plain": Part("failed_plain"),
     "linked": Part("failed_linked", told="failed_linked_told"),
 }
-CLAIMS = {"plain": "claim_ctes", "rated": "claim_ctes_rated"}
+CLAIMS = {
+    "plain": "claim_ctes",
+    "rated": "claim_ctes_rated",
+    # A fair type's claim stamps its group's turn (#39, sql/queries_order.sql): only these
+    # name slotd_turns.
+    "fair": "claim_ctes_fair",
+    "fair_rated": "claim_ctes_fair_rated",
+}
 
 _RECURSIVE = "RECURSIVE "
 

@@ -121,7 +121,7 @@ class ClaimShape:
     rated: frozenset[str]
     # The claim-lock keys of the shared limits each type is under ('@name', Registry.limit).
     shared_keys: dict[str, list[str]]
-    # The fair types (fair=True): their claims stamp their group's turn (claim_fair).
+    # The fair types (fair=True): their claims stamp their group's turn (claim part `fair`).
     fair: frozenset[str]
 
 
@@ -290,12 +290,21 @@ class QueueProtocol(Lanes):
         # A shared limit's lock ('@name') too, in one sorted order with the types' locks.
         return sorted(chosen.union(*(shape.shared_keys.get(t, ()) for t in chosen)))
 
-    def _claim_part(self, lock_types: Sequence[str], registry: Registry) -> str:
+    def _claim_part(self, ids: Sequence[int], lock_types: Sequence[str], registry: Registry) -> str:
         """The claim part (slotd.repository.composed): `rated` when a candidate may be of a
         rated type, else `plain`: only the rated one names the rate tables (see claim_ctes
-        in sql/queries.sql)."""
+        in sql/queries.sql); each with its `fair` twin when a candidate may be of a fair
+        type."""
         rated = self._shape(registry).rated
-        return "rated" if rated and not rated.isdisjoint(lock_types) else "plain"
+        part = "rated" if rated and not rated.isdisjoint(lock_types) else "plain"
+        return self._fair_part(part, ids, registry)
+
+    def _fair_part(self, part: str, ids: Sequence[int], registry: Registry) -> str:
+        """`part`, or its fair twin when the claim may pick a fair type's row: its group's
+        turn is stamped by the claim's own statement (claim_ctes_fair)."""
+        if not self._fair(ids, registry):
+            return part
+        return "fair_rated" if part == "rated" else "fair"
 
     def _shared(self, name: str, registry: Registry) -> str:
         """A registry with shared limits runs each claim's twin that carries them."""
@@ -309,12 +318,8 @@ class QueueProtocol(Lanes):
         if not ids:
             return None
         lock = self._lock_types(ids, registry)
-        part = self._claim_part(lock, registry)
-        if self._fair(ids, registry):  # a named statement of its own (sql/queries_order.sql)
-            name = "claim_fair_rated" if part == "rated" else "claim_fair"
-        else:
-            name = composed.claimed(part)
-        name = self._shared(name, registry)
+        part = self._claim_part(ids, lock, registry)
+        name = self._shared(composed.claimed(part), registry)
         params = {**self._claim_params(ids, registry), "lease_token": lease_token}
         _, rows = self._write(name, params, lock)
         return self.remember_lapse(Claimed(*rows[0])) if rows else None
@@ -388,14 +393,6 @@ class QueueProtocol(Lanes):
             "settling": task_id,
             "settling_token": token,
         }
-        if self._fair(ids, registry):
-            # A fair type's claim stamps its group's turn (claim_fair), which no claim riding
-            # on a settlement does: settle, then claim, two transactions.
-            if linked is not None:
-                self.dequeue_linked(task_id, token, *linked)
-            else:
-                self.dequeue(task_id, token, kept=kept)
-            return self.claim(ids, registry, lease_token)
         part = "plain"
         if linked is not None and member:
             part = "member"
@@ -407,7 +404,8 @@ class QueueProtocol(Lanes):
             params["value"], params["keep_s"] = kept
             params.update(self.attempt_params("success"))
         lock = self._lock_types(ids, registry)
-        name = self._shared(composed.succeeded(part, self._claim_part(lock, registry)), registry)
+        claim = self._claim_part(ids, lock, registry)
+        name = self._shared(composed.succeeded(part, claim), registry)
         before = _sequence_lock(task_id) if part == "linked" else None
         _, rows = self._write(name, params, lock, before)
         dequeued, *claim = rows[0]
