@@ -82,6 +82,19 @@ WHERE s.name IN (SELECT t.sequence FROM slotd_tasks t
 ORDER BY s.name
 FOR UPDATE OF s
 
+-- name: sequence_lock_key
+-- Before `expire_key` (an enqueue ending the expired task that holds its key): the row of
+-- the sequence it may end a member of, so that end sees every member whose enqueue
+-- committed first, as the sweep's does (an enqueue into the sequence holds this lock to its
+-- commit; without it a member enqueued meanwhile was left waiting behind an ended head).
+SELECT s.name FROM slotd_sequences s
+WHERE s.name IN (SELECT t.sequence FROM slotd_tasks t
+                 WHERE t.task_type = %(task_type)s AND t.key = %(key)s
+                   AND t.expires_at <= now() AND t.attempt_count < t.max_attempts
+                   AND NOT {lease_live} AND t.sequence IS NOT NULL)
+ORDER BY s.name
+FOR UPDATE OF s
+
 -- name: sequence_lock_lapsed
 -- Before the lapse sweep (`lapsed`): the rows of the sequences it may end a member of.
 SELECT s.name FROM slotd_sequences s

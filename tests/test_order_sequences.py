@@ -16,7 +16,7 @@ import pytest
 
 import slotd
 from slotd.registry import Registry
-from slotd.repository import Repository
+from slotd.repository import Repository, waiting_for
 from tests.apps.order import RUNS
 from tests.daemon import ROOT, Daemon, wait_for
 
@@ -151,6 +151,40 @@ def test_an_expired_head_lets_the_next_run(conn: psycopg.Connection[Any]) -> Non
     assert repo.expire_batch() == {"ord.step": 1}
     assert _state(conn, a) == "expired"
     assert repo.discover(TYPES, limit=10) == [b]
+
+
+def test_an_enqueue_ending_an_expired_head_by_its_key_sees_a_member_enqueued_meanwhile(
+    conn: psycopg.Connection[Any], db_url: str
+) -> None:
+    a = slotd.enqueue(conn, "ord.step", {}, key="k", sequence="y", expires_in=timedelta(seconds=30))
+    joining = psycopg.connect(db_url)  # its enqueue holds sequence y's lock to its commit
+    ended: list[int] = []
+    try:
+        b = slotd.enqueue(joining, "ord.step", {}, sequence="y")  # behind a, uncommitted
+        # a's expiry passes (the clock cannot be moved; its stamp can).
+        conn.execute(
+            "UPDATE slotd_tasks SET expires_at = now() - interval '1s' WHERE id = %s", (a,)
+        )
+
+        def enqueue_the_key() -> None:
+            with psycopg.connect(db_url, autocommit=True) as other:
+                ended.append(slotd.enqueue(other, "ord.step", {}, key="k"))
+
+        thread = threading.Thread(target=enqueue_the_key)
+        thread.start()
+        # Ending a (its expiry, by the key's enqueue) waits for the sequence's lock...
+        wait_for(
+            lambda: waiting_for(conn, joining.info.backend_pid),
+            what="the key's enqueue to wait for the sequence's lock",
+        )
+        joining.commit()
+        thread.join(30)
+    finally:
+        joining.close()
+    # ...so its end saw b, and moved the sequence on to it.
+    assert len(ended) == 1 and ended[0] != a
+    assert _state(conn, a) == "expired"
+    assert _state(conn, b) == "pending"
 
 
 def test_sequence_refuses_bad_names_and_after(conn: psycopg.Connection[Any]) -> None:

@@ -249,7 +249,9 @@ def enqueue_many(
                     break
             else:
                 # Nothing live holds the key: an expired task no sweep has ended may (it
-                # stays in the dedupe index until its end). End it, then insert ours.
+                # stays in the dedupe index until its end). End it (its sequence's lock
+                # first, as every end of a member takes it), then insert ours.
+                target.execute(_sql("sequence_lock_key", schema), by_key)
                 target.execute(_sql("expire_key", schema), _expire_key(by_key))
                 task_id, created = _enqueue_one(target, params, index, schema)
         ids.append(_found(task_id, task_type, key, created))
@@ -308,6 +310,7 @@ async def enqueue_many_async(
                     task_id, created = row[0], False
                     break
             else:
+                await target.execute(_sql("sequence_lock_key", schema), by_key)
                 await target.execute(_sql("expire_key", schema), _expire_key(by_key))
                 again = await target.execute(_sql("enqueue", schema), _one(params, index))
                 first = (await again.fetchall())[0]
