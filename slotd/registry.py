@@ -264,6 +264,12 @@ class Registry:
         return [name for name in self.types if self._handlers[name].fair]
 
     @property
+    def sequences_go_on(self) -> list[str]:
+        """The served types whose failed end lets their sequence go on
+        (sequence_on_failure="continue"), sorted: what the lapse sweep needs to know."""
+        return [n for n in self.types if self._handlers[n].sequence_on_failure == "continue"]
+
+    @property
     def shared_rows(self) -> list[SharedRow]:
         """(type, limit, max_running, max_running_per_group, rate N, rate window s) for each
         served type under each shared limit it names."""

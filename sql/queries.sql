@@ -1637,8 +1637,11 @@ WITH RECURSIVE due AS (
     UNION ALL
     SELECT c.id, c.batch_id, 'cancelled' FROM cancelled c WHERE c.batch_id IS NOT NULL
 ), {batch_counted}, seq_ended(id, sequence, halts) AS (
-    -- A lapsed final attempt is a failure: its sequence halts (the sweep knows no handler).
-    SELECT x.id, m.sequence, x.dead_reason = 'exhausted'
+    -- A lapsed final attempt is a failure: its sequence halts, unless its handler goes on
+    -- (%(go_on)s: the sweeping replica's types with sequence_on_failure="continue"; an
+    -- operator's command passes none).
+    SELECT x.id, m.sequence,
+           x.dead_reason = 'exhausted' AND NOT x.task_type = ANY(%(go_on)s::text[])
     FROM lapsed x JOIN slotd_tasks m ON m.id = x.id
     WHERE m.sequence IS NOT NULL
 ), {sequence_moved}

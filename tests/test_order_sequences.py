@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 import slotd
+from slotd import lifecycle
 from slotd.registry import Registry
 from slotd.repository import Repository, waiting_for
 from tests.apps.order import RUNS
@@ -92,6 +93,29 @@ def test_a_failed_head_whose_handler_goes_on_releases_the_next(
     assert head is not None
     repo.record_failure(a, head.token, "boom", linked=True, sequence_go_on=True)
     assert repo.discover(TYPES, limit=10) == [b]
+
+
+def test_a_lapsed_final_attempt_halts_its_sequence_unless_its_handler_goes_on(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """The lapse sweep ends a member nobody settles as its handler would: a type with
+    sequence_on_failure="continue" lets the next run, any other halts (the sweeping
+    replica's registry says which, Registry.sequences_go_on)."""
+    repo, reg = Repository(conn), _registry()
+    assert reg.sequences_go_on == ["ord.onward"]
+    onward = [slotd.enqueue(conn, "ord.onward", {}, sequence="go") for _ in range(2)]
+    halting = [slotd.enqueue(conn, "ord.step", {}, sequence="stop", max_attempts=1) for _ in "ab"]
+    for head in (onward[0], halting[0]):
+        assert repo.claim([head], reg) is not None
+    conn.execute(
+        "UPDATE slotd_tasks SET lease_expires_at = now() - interval '1s' WHERE id = ANY(%s)",
+        ([onward[0], halting[0]],),
+    )
+    swept = lifecycle.lapse(repo, reg.sequences_go_on)
+    assert swept == {("ord.onward", "exhausted"): 1, ("ord.step", "exhausted"): 1}
+    assert (_state(conn, onward[1]), _state(conn, halting[1])) == ("pending", "waiting")
+    halted = conn.execute("SELECT name FROM slotd_sequences WHERE halted_by IS NOT NULL")
+    assert halted.fetchall() == [("stop",)]
 
 
 def test_purging_the_member_that_halted_a_sequence_lets_it_go_on(

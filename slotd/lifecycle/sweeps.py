@@ -5,7 +5,7 @@ counts as (`Swept`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -25,10 +25,11 @@ def expire(repo: Repository) -> dict[str, int]:
     return _swept(repo.expire_batch)
 
 
-def lapse(repo: Repository) -> dict[tuple[str, str], int]:
+def lapse(repo: Repository, go_on: Sequence[str] = ()) -> dict[tuple[str, str], int]:
     """The lapse sweep (see "lapsed" above): the final attempts it settled, per (type,
-    dead_reason)."""
-    return _swept(repo.lapsed_batch)
+    dead_reason). `go_on`: the types whose sequence goes on past a failed member
+    (Registry.sequences_go_on)."""
+    return _swept(lambda n: repo.lapsed_batch(n, go_on))
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,12 @@ class Swept:
         return counted
 
 
-def sweep(repo: Repository, lapses: bool = True) -> Swept:
+def sweep(repo: Repository, lapses: bool = True, go_on: Sequence[str] = ()) -> Swept:
     """The expiry sweep, a chore of every replica when a task's expiry has come, and with
     it the lapse sweep when `lapses` (a heartbeat saw a final attempt's lease lapse: see
-    "lapsed"). FOR UPDATE SKIP LOCKED shares the rows out, so a fleet sweeps each row once."""
-    return Swept(expire(repo), lapse(repo) if lapses else {})
+    "lapsed"). FOR UPDATE SKIP LOCKED shares the rows out, so a fleet sweeps each row once.
+    `go_on`: as for `lapse`."""
+    return Swept(expire(repo), lapse(repo, go_on) if lapses else {})
 
 
 K = TypeVar("K")

@@ -91,7 +91,13 @@ class OperatorControl(Lanes):
         statement), so a retry or purge acts on a dead letter whose end, batch count and
         dependants' cancel are written, never on one still waiting for them."""
         while True:
-            params = {"batch": 1000, "cause": PARENT_FAILED, "step_s": self.lead_s / PRIORITY_SPAN}
+            # An operator's command knows no handler: a lapsed member halts its sequence.
+            params = {
+                "batch": 1000,
+                "cause": PARENT_FAILED,
+                "step_s": self.lead_s / PRIORITY_SPAN,
+                "go_on": [],
+            }
             _, rows = self._write("lapsed", params, before=("sequence_lock_lapsed", {}))
             if sum(int(n) for _, _, n in rows) < 1000:
                 return

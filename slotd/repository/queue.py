@@ -626,11 +626,19 @@ class QueueProtocol(Lanes):
         _, rows = self._write("expire", params, before=("sequence_lock_expiring", {}))
         return {task_type: int(n) for task_type, n in rows}
 
-    def lapsed_batch(self, batch: int = 1000) -> dict[tuple[str, str], int]:
+    def lapsed_batch(
+        self, batch: int = 1000, go_on: Sequence[str] = ()
+    ) -> dict[tuple[str, str], int]:
         """Up to `batch` final attempts whose lease lapsed with nobody to settle them, given
         the end their settlement would have written (slotd.lifecycle.sweep); how many of
-        each (type, dead_reason)."""
-        params = {"batch": batch, "cause": PARENT_FAILED, "step_s": self.lead_s / PRIORITY_SPAN}
+        each (type, dead_reason). `go_on`: the types whose sequence goes on past a failed
+        member (Registry.sequences_go_on); any other type's halts it."""
+        params = {
+            "batch": batch,
+            "cause": PARENT_FAILED,
+            "step_s": self.lead_s / PRIORITY_SPAN,
+            "go_on": list(go_on),
+        }
         _, rows = self._write("lapsed", params, before=("sequence_lock_lapsed", {}))
         return {(task_type, reason): int(n) for task_type, reason, n in rows}
 

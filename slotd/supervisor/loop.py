@@ -170,7 +170,10 @@ class Supervisor:
                 # a time (lifecycle).
                 if self.sweeps.due(now) and not chores.pending["sweep"]:
                     lapses = self.sweeps.take()
-                    chores.post("sweep", lambda x=lapses: lifecycle.sweep(chores.repo(), x))
+                    go_on = self.registry.sequences_go_on
+                    chores.post(
+                        "sweep", lambda x=lapses, g=go_on: lifecycle.sweep(chores.repo(), x, g)
+                    )
                 if self.tokens.retry_due(now):  # a full rate window has room again
                     self.tokens.offer(remember=False)
                 if now >= next_heartbeat:
