@@ -676,8 +676,10 @@ attempt_recorded AS (
 -- types with keep_result come here: a plain task's settlement sends no notification (one
 -- takes a cluster-wide lock at commit).
 kept AS (
-    INSERT INTO slotd_results (task_id, task_type, value, expires_at)
-    SELECT d.id, d.task_type, %(value)s::jsonb, now() + make_interval(secs => %(keep_s)s)
+    -- Its key and tags beside it (sql/091): a kept success is searched by them.
+    INSERT INTO slotd_results (task_id, task_type, value, expires_at, key, tags)
+    SELECT d.id, d.task_type, %(value)s::jsonb, now() + make_interval(secs => %(keep_s)s),
+           d.key, d.tags
     FROM done d
     RETURNING task_id
 ), told AS (
@@ -694,7 +696,8 @@ done AS (
     DELETE FROM slotd_tasks t
     WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(done_token)s::uuid
       AND {unlinked}
-    RETURNING t.id, t.task_type, t.attempt_count AS number, t.last_attempted_at AS started_at
+    RETURNING t.id, t.task_type, t.attempt_count AS number, t.last_attempted_at AS started_at,
+              {task_key} AS key, t.tags
 ), {results_kept}
 
 -- fragment: settled_kept_told
@@ -2038,11 +2041,11 @@ done AS (
     DELETE FROM slotd_tasks t
     WHERE t.id = %(id)s AND t.lease_token IS NOT DISTINCT FROM %(done_token)s::uuid
     RETURNING t.id, t.task_type, t.batch_id, t.attempt_count AS number,
-              t.last_attempted_at AS started_at
+              t.last_attempted_at AS started_at, {task_key} AS key, t.tags
 ), kept AS (
-    INSERT INTO slotd_results (task_id, task_type, value, expires_at)
+    INSERT INTO slotd_results (task_id, task_type, value, expires_at, key, tags)
     SELECT d.id, d.task_type, %(kept_value)s::jsonb,
-           now() + make_interval(secs => %(keep_s)s)
+           now() + make_interval(secs => %(keep_s)s), d.key, d.tags
     FROM done d WHERE %(keep_s)s::float8 IS NOT NULL
     RETURNING task_id
 ), settled_attempt AS (

@@ -294,15 +294,21 @@ UNION ALL
 -- The tasks page's search for succeeded tasks: those whose success is kept (keep_result,
 -- keep_history; sql/018), newest first by id, walked as dash_find walks (at most %(scan)s
 -- kept results after the cursor, the type filtered among them; the last row, window_end,
--- says where it stopped). Their key and tags went with their row: an id or a type finds
--- them, a key or a tag cannot.
+-- says where it stopped). An id, a type, a key or a tag finds them: the key and tags are
+-- stored beside the result (sql/091; a result kept by a replica of the previous release
+-- has neither). A tag is looked up through slotd_results_tags, a key through
+-- slotd_results_key, inside the walk, as dash_find does on the queue.
 WITH scanned AS (
     SELECT r.task_id AS id, r.task_type, r.succeeded_at, r.expires_at,
-           r.value IS NOT NULL AS value_kept
+           r.value IS NOT NULL AS value_kept, r.key, r.tags
     FROM slotd_results r
     WHERE r.expires_at > now()
       AND (%(after_id)s::bigint IS NULL OR r.task_id < %(after_id)s::bigint)
       AND (%(ids)s::bigint[] IS NULL OR r.task_id = ANY(%(ids)s::bigint[]))
+      AND (%(tag)s::text IS NULL OR (r.tags IS NOT NULL AND r.tags @> ARRAY[%(tag)s::text]))
+      -- Any type's key (a kept type may have no live row to be listed by): the index's
+      -- leading column.
+      AND (%(key)s::text IS NULL OR r.key = %(key)s)
     ORDER BY r.task_id DESC
     LIMIT %(scan)s
 )

@@ -32,12 +32,13 @@ def registry() -> slotd.Registry:
     return reg
 
 
-def fail_then_succeed(conn: psycopg.Connection[Any], keep_s: float = 3600.0) -> int:
+def fail_then_succeed(conn: psycopg.Connection[Any], keep_s: float = 3600.0, **enqueue: Any) -> int:
     """A task whose first attempt fails and whose second succeeds, kept without its value
-    (keep_history), through the statements a worker settles with."""
+    (keep_history), through the statements a worker settles with. `enqueue`: its key,
+    tags..."""
     reg = registry()
     repo = Repository(conn)
-    task_id = slotd.enqueue(conn, "life.order", {"order": 31})
+    task_id = slotd.enqueue(conn, "life.order", {"order": 31}, **enqueue)
     claimed = repo.claim([task_id], reg)
     assert claimed is not None
     repo.record_failure(task_id, claimed.token, TRACEBACK, backoff_base=timedelta(0))

@@ -36,7 +36,8 @@ def test_search_by_state_tag_id_key_and_type(conn: psycopg.Connection[Any], db_u
     failed = dead_letter(conn, "find.report", tags=["tenant:7"])
     cancelled = slotd.enqueue(conn, "find.report", {})
     assert slotd.cancel(conn, cancelled)
-    succeeded = fail_then_succeed(conn)  # life.order, kept by keep_history
+    # life.order, kept by keep_history; its key and tags kept beside it (sql/091)
+    succeeded = fail_then_succeed(conn, key="order:31", tags=["tenant:7", "vip"])
     with make_client(db_url) as client:
 
         def shown(query: str) -> list[int]:
@@ -64,6 +65,14 @@ def test_search_by_state_tag_id_key_and_type(conn: psycopg.Connection[Any], db_u
         assert shown(f"q={succeeded}") == [succeeded]
         assert "not kept (keep_history)" in client.get(f"/tasks?q={succeeded}").text
         assert shown(f"q={succeeded}&type=find.mail") == []
+        # A kept success by its key and its tags, with the state succeeded or by key alone.
+        assert shown("state=succeeded&tag=vip") == [succeeded]
+        assert shown("state=succeeded&tag=tenant:7") == [succeeded]
+        assert shown("state=succeeded&tag=tenant:8") == []
+        assert shown("state=succeeded&q=order:31") == [succeeded]
+        assert shown("state=succeeded&q=order:32") == []
+        assert shown("q=order:31") == [succeeded]
+        assert shown("q=order:31&type=find.mail") == []
         # The live listing in due order names slotd's states too.
         assert states_shown(client.get("/tasks").text) == {"pending", "scheduled"}
         bad = client.get("/tasks?state=done")
@@ -112,3 +121,22 @@ def test_the_search_reads_indexes_never_the_whole_table(conn: psycopg.Connection
         sql = statements()["dash_find"]
         plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql, {**base, **extra}))
         assert "Seq Scan on slotd_tasks" not in plan, (label, plan)
+
+
+def test_the_kept_successes_search_reads_indexes_never_the_whole_table(
+    conn: psycopg.Connection[Any],
+) -> None:
+    conn.execute(
+        "INSERT INTO slotd_results (task_id, task_type, value, expires_at, key, tags) "
+        "SELECT g, 'type_' || g % 7, NULL, now() + interval '1 day', 'k' || g, "
+        "CASE WHEN g % 1000 = 0 THEN ARRAY['tenant:' || g] END FROM generate_series(1, 20000) g"
+    )
+    conn.execute("VACUUM (ANALYZE) slotd_results")
+    base = {"task_type": None, "ids": None, "key": None, "tag": None, "after_id": None}
+    for label, extra in (("tag", {"tag": "tenant:7000"}), ("key", {"key": "k7"})):
+        params = {**base, **extra, "limit": 100, "scan": 10_000}
+        sql = statements()["dash_kept_page"]
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql, params))
+        assert "Seq Scan on slotd_results" not in plan, (label, plan)
+        found = conn.execute(sql, params).fetchall()  # type: ignore[call-overload]
+        assert len([r for r in found if not r[-2]]) == 1, (label, found)

@@ -155,9 +155,11 @@ class DashboardReads:
     def kept_page(
         self, search: Mapping[str, Any], after_id: int | None, limit: int, scan: int
     ) -> list[dict[str, Any]]:
-        """Succeeded tasks whose success is kept, newest first, walked as `find` walks."""
+        """Succeeded tasks whose success is kept, newest first, walked as `find` walks;
+        `search` as for `find` (its state is succeeded)."""
         params = {
             "task_type": search.get("task_type"), "ids": search.get("ids"),
+            "key": search.get("key"), "tag": search.get("tag"),
             "after_id": after_id, "limit": limit, "scan": scan,
         }  # fmt: skip
         return _dicts(self.conn.execute(_sql("dash_kept_page", self.schema), params))

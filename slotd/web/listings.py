@@ -155,6 +155,12 @@ def tasks(
         kept = reads.kept(int(search.query)) if len(search.query) <= 18 else None
         if kept is not None and search.task_type in (None, kept["task_type"]):
             rows, mode = [kept], "kept"
+    elif not rows and search.query and after is None:
+        # ...and by its key (stored beside its result, sql/091): the newest ones.
+        walked = reads.kept_page(search.params(types), None, limit, SEARCH_SCAN)
+        found = [r for r in walked if not r["window_end"]]
+        if found:
+            rows, mode = found, "kept"
     if mode == "live":
         mark_states(rows)
     following = cursor_text(rows[-1]["run_at"], rows[-1]["id"]) if len(rows) == limit else None
