@@ -8,7 +8,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from slotd.repository import Claimed
-from slotd.slot.ledger import CAPACITY, TYPE_MAX, Ledger, lean, unlean
+from slotd.slot.ledger import BATCH_AT, CAPACITY, DONE, TYPE_MAX, WAITING, Ledger, lean, unlean
 
 
 def claimed(task_id: int, task_type: str = "email.send") -> Claimed:
@@ -73,3 +73,43 @@ def test_a_full_ring_or_a_long_type_name_goes_as_a_message_and_nothing_is_overwr
     assert ledger.unread() == 0
     assert ledger.record(("after", "success", None, None))  # the ring wraps round
     assert ledger.consume(None) == [("after", "success", None, None)]
+
+
+def test_a_batch_moves_through_its_states_in_place_and_a_killed_slot_leaves_each_one() -> None:
+    # A batch's leases are pickled once, when they join the record; started, ran to success,
+    # settled: each a byte written in place (#43 item 2). What a slot killed at any point
+    # left is what the supervisor reads, state by state.
+    ledger = Ledger()
+    first = [claimed(i) for i in (1, 2, 3)]
+    then = [claimed(i) for i in (4, 5)]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the slot: a batch of 3, two run (one to success), then a second batch
+        ledger.batch_put(first, WAITING)
+        body = bytes(ledger.page[BATCH_AT + 16 : BATCH_AT + 20])
+        for lease in first[:2]:  # started: the running lease, then out of the batch
+            ledger.hold(lease)
+            ledger.batch_drop([lease.token.bytes])
+        ledger.batch_put([first[0]], DONE)  # ran to success, held for the batch's statement
+        ledger.hold(first[1])
+        unchanged = bytes(ledger.page[BATCH_AT + 16 : BATCH_AT + 20]) == body
+        ledger.batch_put(then, WAITING)  # new claims: the record anew, without the gone
+        os.write(write, bytes([unchanged]))
+        os.kill(os.getpid(), 9)
+    unchanged = os.read(read, 1) == b"\x01"
+    os.waitpid(pid, 0)
+    assert unchanged  # the states changed, the pickled leases were not written again
+    left = {lease.id: state for lease, state in ledger.batch()}
+    assert left == {1: DONE, 3: WAITING, 4: WAITING, 5: WAITING}
+    held = ledger.lease()
+    assert held is not None and held.id == 2  # the running one, out of the batch
+
+    ledger.close()
+    assert ledger.batch() == []
+
+    ledger = Ledger()  # in one process: the slot's side
+    ledger.batch_put(then, WAITING)
+    ledger.batch_drop([lease.token.bytes for lease in then])
+    assert ledger.batch() == []  # all settled or started: no record left
+    ledger.batch_put(first, WAITING)
+    assert [lease.id for lease, _ in ledger.batch()] == [1, 2, 3]

@@ -12,7 +12,7 @@ from typing import Any
 
 from slotd import outcome as kinds
 from slotd.lifecycle.by_outcome import UNSTARTED, _kept, settle
-from slotd.lifecycle.settlement import Logger, Settlement, Writer, _done, log
+from slotd.lifecycle.settlement import Logger, Settlement, Writer, _said, log
 from slotd.outcome import Outcome, Result
 from slotd.registry import Registry
 from slotd.repository import Claimed, Repository, lease_tokens
@@ -108,14 +108,15 @@ def conclude_many(
     claimed_many(ledger, claims)
     for lease, result in done:
         if lease.id in dequeued:
-            settlement = _done(Outcome.SUCCESS, lease, result, logger)
+            _said(Outcome.SUCCESS, lease, result, logger)
+            outcome = Outcome.SUCCESS
         else:  # refused: settled alone, as a refused plain success always is
             alone = write(
                 lambda repo, lease=lease, result=result: settle(repo, lease, result, logger=logger)
             )
-            settlement = alone if alone is not None else Settlement(Outcome.LOST)
+            outcome = alone.outcome if alone is not None else Outcome.LOST
         delay = max(0.0, (lease.claimed_at - lease.run_at).total_seconds())
-        settled = (lease.task_type, str(settlement.outcome), result.duration, delay)
+        settled = (lease.task_type, str(outcome), result.duration, delay)
         if not ledger.record(settled, lease.token.bytes):
             report("settled", *settled, lease.token.bytes)
     if faults is not None and leases:

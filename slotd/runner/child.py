@@ -29,6 +29,7 @@ from slotd.task import Context, Task
 
 if TYPE_CHECKING:
     from slotd.dev.faults import Injector
+    from slotd.repository import Claimed
 
 # The slot's signals to its runner.
 CANCEL = signal.SIGUSR1  # shutdown: ctx.cancelled becomes true
@@ -189,6 +190,23 @@ def run_message(
         task.parent_results or None,
     )
     return ("run", fields, deadline.timestamp(), stale_cancel, steps)
+
+
+def claimed_message(claimed: Claimed, deadline: datetime, stale_cancel: bool) -> tuple[Any, ...]:
+    """`run_message` for a claim, straight from its fields: the slot sends one per task, and
+    building the Task first (to take it apart again) was a tenth of the slot's send."""
+    parents = claimed.parent_results
+    fields = (
+        claimed.id,
+        claimed.task_type,
+        claimed.payload,
+        claimed.attempt,
+        claimed.key,
+        claimed.run_at.timestamp(),
+        claimed.trace_context,
+        {int(k): v for k, v in parents.items()} if parents else None,
+    )
+    return ("run", fields, deadline.timestamp(), stale_cancel, claimed.steps)
 
 
 def _task(fields: tuple[Any, ...]) -> Task:

@@ -122,7 +122,7 @@ class AttemptWatch:
             # A cancel sent during the last task may have landed after its result: the
             # runner forgets it on this message, never on its own, so a cancel sent from
             # here on (a SIGTERM while it receives the task) is kept.
-            message = runner.run_message(claimed.task(), deadline, self.cancel_sent, claimed.steps)
+            message = runner.claimed_message(claimed, deadline, self.cancel_sent)
             proc.tell(runner_.conn, message)
         except OSError:  # it died between tasks, before we noticed: ours to settle
             result = Result(CRASHED, "runner died before it got the task")

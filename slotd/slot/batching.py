@@ -35,7 +35,9 @@ class Batch:
     def __init__(self, margin: timedelta, most: int = MAX_BATCH) -> None:
         self.margin = margin
         self.most = min(most, MAX_BATCH)  # SLOTD_CLAIM_BATCH
-        self.waiting: deque[tuple[Claimed, float]] = deque()  # prefetched, with its claim's time
+        self.waiting: deque[tuple[Claimed, float]] = deque()  # prefetched, with its bound
+        # The soonest bound of those waiting, or one before it (see `next`); None: none wait.
+        self.soonest: float | None = None
         self.done: list[tuple[Claimed, Result]] = []  # ran to success, not settled yet
         self.done_since: float | None = None
         self.average_s: float | None = None
@@ -58,8 +60,12 @@ class Batch:
         return max(1, min(self.most, depth, fits))
 
     def fetched(self, claims: list[Claimed]) -> None:
+        # Each one's bound is reckoned once, here: `overdue` and `due_in` are asked on every
+        # task and on every pass of a running attempt's watch (#43 item 2).
         now = time.monotonic()
-        self.waiting.extend((claim, now) for claim in claims)
+        self.waiting.extend((claim, self._overdue_at(claim, now)) for claim in claims)
+        if claims:
+            self.soonest = min(at for _, at in self.waiting)
 
     def _overdue_at(self, claim: Claimed, fetched: float) -> float:
         ceiling = (claim.lease_expires_at - claim.claimed_at - self.margin).total_seconds()
@@ -68,11 +74,16 @@ class Batch:
     def overdue(self) -> list[Claimed]:
         """Prefetched tasks that waited past their bound: to be released unstarted."""
         now = time.monotonic()
-        late = [claim for claim, at in self.waiting if self._overdue_at(claim, at) < now]
+        if self.soonest is None or self.soonest >= now:
+            return []
+        late = [claim for claim, at in self.waiting if at < now]
         if late:
-            gone = {claim.token for claim in late}
-            self.waiting = deque((c, at) for c, at in self.waiting if c.token not in gone)
+            self.waiting = deque((c, at) for c, at in self.waiting if at >= now)
+        self._reckon()
         return late
+
+    def _reckon(self) -> None:
+        self.soonest = min((at for _, at in self.waiting), default=None)
 
     def held_too_long(self) -> bool:
         """Whether the oldest held success has waited DEFER_MAX_S for its statement."""
@@ -82,13 +93,22 @@ class Batch:
     def due_in(self) -> float | None:
         """Seconds until a held success or a prefetched task reaches its bound (None:
         nothing held): how long a running attempt's watch may wait before it looks."""
-        times = [self._overdue_at(claim, at) for claim, at in self.waiting]
+        soonest = self.soonest
         if self.done_since is not None:
-            times.append(self.done_since + DEFER_MAX_S)
-        return max(0.0, min(times) - time.monotonic()) if times else None
+            held = self.done_since + DEFER_MAX_S
+            soonest = held if soonest is None else min(soonest, held)
+        return None if soonest is None else max(0.0, soonest - time.monotonic())
 
     def next(self) -> Claimed | None:
-        return self.waiting.popleft()[0] if self.waiting else None
+        if not self.waiting:
+            return None
+        # `soonest` may stay below the bound of every task left (the one just taken had
+        # it): a watch then looks a little early, once, and `overdue` reckons it again.
+        # Reckoning here was a pass over the batch per task (a batch's bounds are equal).
+        claim, _ = self.waiting.popleft()
+        if not self.waiting:
+            self.soonest = None
+        return claim
 
     def defer(self, claimed: Claimed, result: Result) -> None:
         if not self.done:
@@ -109,4 +129,5 @@ class Batch:
     def take_waiting(self) -> list[Claimed]:
         waiting = [claim for claim, _ in self.waiting]
         self.waiting.clear()
+        self.soonest = None
         return waiting

@@ -26,7 +26,10 @@ and each plain success it ran and has not settled yet (DONE, its last words). A 
 between the records in an order that leaves it in the batch record whenever a kill could
 find it in both (the batch's word wins: a WAITING task never reached its runner, a DONE one
 ran to success), and the settlements of a batch go into the ring before the batch record
-drops them, so `batch()` leaves out what the ring says was settled.
+drops them, so `batch()` leaves out what the ring says was settled. The record's leases are
+pickled once, when leases join it (a claim's batch); each one's state after that is one byte
+written in place (`_BatchRecord`), not the whole batch pickled again: that was two pickles
+of up to 40 leases per task, a tenth of a busy slot's CPU (#43 item 2).
 
 Layout: written count (u64, the slot's), consumed count (u64, the supervisor's), the lease
 record, the last-words record, the batch record (each a `_Record`: keyed by the lease
@@ -59,7 +62,13 @@ LEASE_MAX = 16 * 1024
 WORDS_MAX = RESULT_MAX + 64 * 1024
 # A batch of leases (lean, state): room for slotd.slot.batching.MAX_BATCH of each state.
 BATCH_MAX = 64 * 1024
+# How many leases the batch record holds at most (its state bytes): a batch's claims
+# (MAX_BATCH, 20) beside the held successes of the one before, with room to spare.
+BATCH_SLOTS = 128
 WAITING, DONE = "waiting", "done"
+_GONE = 0
+_STATE_CODE = {WAITING: 1, DONE: 2}
+_STATE_NAME = {1: WAITING, 2: DONE}
 BATCH_KEY = b"\x01" * 16
 _COUNTS = struct.Struct("<QQ")
 LEASE_AT = _COUNTS.size
@@ -120,6 +129,60 @@ class _Record:
             return None
 
 
+class _BatchRecord:
+    """The batch's leases, at `at` on the page: token (16 bytes, BATCH_KEY when set),
+    length (4), BATCH_SLOTS state bytes (one per lease, by its place in the list), then the
+    pickled list of leases. `put` writes the whole record, token cleared first and written
+    last (as `_Record`); `mark` changes one lease's state with a one-byte write, which a kill
+    cannot tear. The slot keeps its own copy (which lease is where, each one's state)."""
+
+    def __init__(self, page: mmap.mmap, at: int, size: int) -> None:
+        self.page, self.at, self.size = page, at, size
+        self.leases: list[tuple[Any, ...]] = []  # lean, in the record's order
+        self.states = bytearray(BATCH_SLOTS)
+        self.place: dict[bytes, int] = {}  # token -> its place in `leases`
+
+    def put(self, leases: list[tuple[Any, ...]], states: bytes) -> None:
+        """The whole record anew: these leases, each in its state."""
+        body = pickle.dumps(leases, pickle.HIGHEST_PROTOCOL)
+        page, at = self.page, self.at
+        page[at : at + 16] = _NO_TOKEN
+        if len(leases) > BATCH_SLOTS or len(body) > self.size - 20 - BATCH_SLOTS:
+            raise RuntimeError("a batch larger than the ledger's batch record")
+        start = at + 20 + BATCH_SLOTS
+        page[start : start + len(body)] = body
+        page[at + 16 : at + 20] = len(body).to_bytes(4, "little")
+        self.states = bytearray(states.ljust(BATCH_SLOTS, b"\0"))
+        page[at + 20 : at + 20 + BATCH_SLOTS] = self.states
+        page[at : at + 16] = BATCH_KEY
+        self.leases = leases
+        self.place = {fields[5]: n for n, fields in enumerate(leases)}
+
+    def mark(self, place: int, state: int) -> None:
+        self.states[place] = state
+        self.page[self.at + 20 + place] = state
+
+    def clear(self) -> None:
+        self.page[self.at : self.at + 16] = _NO_TOKEN
+        self.leases, self.place = [], {}
+        self.states = bytearray(BATCH_SLOTS)
+
+    def read(self) -> list[tuple[tuple[Any, ...], int]]:
+        """The supervisor's read, once the slot is dead: (lease, state code) of each lease
+        not gone; nothing when the record is unset or torn."""
+        page, at = self.page, self.at
+        if page.closed or page[at : at + 16] != BATCH_KEY:
+            return []
+        length = int.from_bytes(page[at + 16 : at + 20], "little")
+        states = page[at + 20 : at + 20 + BATCH_SLOTS]
+        start = at + 20 + BATCH_SLOTS
+        try:
+            leases = pickle.loads(page[start : start + length])
+        except Exception:  # noqa: BLE001 - a torn record is no record
+            return []
+        return [(fields, states[n]) for n, fields in enumerate(leases) if states[n] != _GONE]
+
+
 class Ledger:
     """Made by the supervisor before it forks a slot; the fork shares the page."""
 
@@ -128,8 +191,7 @@ class Ledger:
         self.count = 0  # the slot's own copy of the written count
         self._lease = _Record(self.page, LEASE_AT, LEASE_MAX)
         self._words = _Record(self.page, WORDS_AT, WORDS_MAX)
-        self._batch = _Record(self.page, BATCH_AT, BATCH_MAX)
-        self.batched: dict[bytes, tuple[tuple[Any, ...], str]] = {}  # the slot's own copy
+        self._batch = _BatchRecord(self.page, BATCH_AT, BATCH_MAX)
 
     # the slot's side
 
@@ -173,8 +235,11 @@ class Ledger:
         task type named in kilobytes does not fit: that lease is left to expire."""
         if lease is None:
             self._lease.clear()
-        else:
-            self._lease.put(lease.token.bytes, lean(lease))
+            return
+        token = lease.token.bytes
+        place = self._batch.place.get(token)  # a batched lease's was made when it joined
+        fields = lean(lease) if place is None else self._batch.leases[place]
+        self._lease.put(token, fields)
 
     def say(self, token: uuid.UUID, result: Result) -> None:
         """Last words: the outcome of the attempt leased under `token`, before settling it."""
@@ -185,23 +250,30 @@ class Ledger:
 
     def batch_put(self, leases: list[Claimed], state: str) -> None:
         """These leases into the batch record, as `state` (WAITING: claimed, not started;
-        DONE: ran to success, not settled)."""
+        DONE: ran to success, not settled). A lease already in the record (a prefetched task
+        that ran) changes state in place; new ones rewrite the record, without those gone."""
+        record, code = self._batch, _STATE_CODE[state]
+        new = [lease for lease in leases if lease.token.bytes not in record.place]
+        if new:
+            kept = [n for n, fields in enumerate(record.leases) if record.states[n] != _GONE]
+            entries = [record.leases[n] for n in kept] + [lean(lease) for lease in new]
+            states = bytes(record.states[n] for n in kept) + bytes([code]) * len(new)
+            record.put(entries, states)
         for lease in leases:
-            self.batched[lease.token.bytes] = (lean(lease), state)
-        self._batch_write()
+            place = record.place[lease.token.bytes]
+            if record.states[place] != code:
+                record.mark(place, code)
 
     def batch_drop(self, tokens: list[bytes]) -> None:
         """Leases that left the batch: started (after `hold`), or settled (after their
         records went into the ring)."""
+        record = self._batch
         for token in tokens:
-            self.batched.pop(token, None)
-        self._batch_write()
-
-    def _batch_write(self) -> None:
-        if not self.batched:
-            self._batch.clear()
-        elif not self._batch.put(BATCH_KEY, list(self.batched.values())):
-            raise RuntimeError("a batch larger than the ledger's batch record")
+            place = record.place.get(token)
+            if place is not None and record.states[place] != _GONE:
+                record.mark(place, _GONE)
+        if record.leases and not any(record.states):
+            record.clear()
 
     def unread(self) -> int:
         return self.count - _COUNTS.unpack_from(self.page)[1]
@@ -242,7 +314,7 @@ class Ledger:
         """The leases the slot held in its batch when it died, with their state, less those
         the ring's last records say were settled (a kill between the two writes of a
         batch's settlement)."""
-        entries = self._batch.get(BATCH_KEY)
+        entries = self._batch.read()
         if not entries or self.page.closed:
             return []
         written = _COUNTS.unpack_from(self.page)[0]
@@ -251,10 +323,10 @@ class Ledger:
             at = _RING + (n % CAPACITY) * RECORD_SIZE
             recent.add(RECORD.unpack_from(self.page, at)[4])
         out = []
-        for fields, state in entries:
+        for fields, code in entries:
             lease = unlean(fields)
             if lease is not None and lease.token.bytes not in recent:
-                out.append((lease, state))
+                out.append((lease, _STATE_NAME.get(code, WAITING)))
         return out
 
     def heard(self, token: uuid.UUID) -> Result | None:
