@@ -340,3 +340,37 @@ def test_a_halted_sequence_is_shown_and_resumed_from_the_command_line(
     wait_for(lambda: _state(conn, nxt) is None, what="the next task to run")  # succeeded
     again = _slotd(db_url, "sequences", "resume", "h")
     assert again.returncode == 1 and "is not halted" in again.stderr
+
+
+def test_the_dashboard_shows_a_halted_sequence_and_resumes_it(
+    conn: psycopg.Connection[Any], db_url: str
+) -> None:
+    from tests.test_dashboard import csrf_of, make_client
+
+    repo = Repository(conn)
+    a = slotd.enqueue(conn, "ord.once", {}, sequence="customer:7")
+    b = slotd.enqueue(conn, "ord.once", {}, sequence="customer:7")
+    head = repo.claim([a], _registry())
+    assert head is not None and repo.record_failure(a, head.token, "boom", linked=True).dead
+    with make_client(db_url, actions=True) as client:
+        overview = client.get("/").text
+        assert '<li data-sequence="customer:7">' in overview
+        assert f'halted by task <a href="/tasks/{a}">{a}</a> (ord.once)' in overview
+        page = client.get(f"/tasks/{b}").text
+        assert 'id="resume-sequence"' in page
+        form = {"csrf": csrf_of(page), "sequence": "customer:7", "back": f"/tasks/{b}"}
+        done = client.post("/sequences/resume", data=form)
+        assert done.status_code == 200 and "resumed the sequence" in done.text
+        assert _state(conn, b) == "pending" and _state(conn, a) == "failed"
+        assert 'data-sequence="customer:7"' not in client.get("/").text
+        again = client.post("/sequences/resume", data=form)
+        assert "the sequence was not halted" in again.text
+        bad = client.post("/sequences/resume", data={**form, "sequence": ""})
+        assert bad.status_code == 400 and "bad sequence" in bad.text
+        client.app.state.dashboard.close()  # type: ignore[attr-defined]
+    with make_client(db_url) as read_only:  # actions off: shown, no button, refused
+        page = read_only.get(f"/tasks/{b}").text
+        assert 'id="resume-sequence"' not in page
+        refused = read_only.post("/sequences/resume", data={"sequence": "customer:7"})
+        assert refused.status_code == 403
+        read_only.app.state.dashboard.close()  # type: ignore[attr-defined]

@@ -14,6 +14,7 @@ from slotd.repository.dependencies import edges
 from slotd.repository.named import _dicts, _sql, qualified, resolve_schema
 from slotd.repository.results import result_of
 from slotd.repository.schedules import Schedules
+from slotd.repository.sequences import SequenceInfo, sequences
 
 
 class DashboardReads:
@@ -21,7 +22,12 @@ class DashboardReads:
     by a cap or a limit; the counts use the gauges' predicates."""
 
     COUNT_CAP = 10_000
-    OPTIONAL_TABLES = ("slotd_schedules", "slotd_queue_history", "slotd_rate_windows")
+    OPTIONAL_TABLES = (
+        "slotd_schedules",
+        "slotd_queue_history",
+        "slotd_rate_windows",
+        "slotd_sequences",
+    )
 
     def __init__(self, conn: psycopg.Connection[Any], *, schema: str | None = None) -> None:
         self.conn = conn
@@ -190,6 +196,11 @@ class DashboardReads:
         for kind, task_type, value in self.conn.execute(_sql("dash_rates", self.schema)):
             out.setdefault(task_type, {})[kind[5:]] = float(value)
         return out
+
+    def halted_sequences(self, limit: int = 10) -> list[SequenceInfo]:
+        """The sequences a failed member halted (`slotd sequences --halted`'s statement),
+        by name, at most `limit`."""
+        return sequences(self.conn, halted=True, limit=limit, schema=self.schema)
 
     def paused(self) -> list[dict[str, Any]]:
         """The types paused now (`slotd pause`), as `slotd status` lists them."""

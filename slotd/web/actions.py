@@ -23,8 +23,10 @@ from slotd import repository
 from slotd.config import parse_duration
 from slotd.errors import ConfigError
 from slotd.producer import control
+from slotd.producer.sequences import resume_sequence
 from slotd.registry import validate_type_name
 from slotd.repository import DashboardReads, Repository
+from slotd.repository.sequences import NAME_MAX
 from slotd.web.database import Database
 from slotd.web.security import audit, back_path, base_path, csrf_ok
 from slotd.web.settings import DashboardSettings
@@ -95,12 +97,25 @@ def routes(app: Dashboard) -> list[tuple[str, Handler]]:
         audit(request, who, "resume", f"type:{task_type}", int(was))
         return _back(request, form, "resume", type=task_type, n=int(was))
 
+    async def resume_sequence(request: Request, who: str) -> Response:
+        form = await request.form()
+        if refused := _refused(app, request, form):
+            return refused
+        name = str(form.get("sequence") or "")
+        if not name or len(name) > NAME_MAX or "\x00" in name:
+            message = f"bad sequence: a name of 1 to {NAME_MAX} characters"
+            return app.render(request, "error.html", 400, message=message)
+        was = await run_in_threadpool(_resume_sequence, app, name)
+        audit(request, who, "resume sequence", f"sequence:{name}", int(was))
+        return _back(request, form, "resume_sequence", n=int(was))
+
     return [
         ("/dead/action", dead_letters),
         ("/tasks/{task_id:int}/cancel", cancel_one),
         ("/cancel", cancel_many),
         ("/types/pause", pause),
         ("/types/resume", resume),
+        ("/sequences/resume", resume_sequence),
     ]
 
 
@@ -146,6 +161,11 @@ def _pause(app: Dashboard, task_type: str, until: timedelta | None, by: str) -> 
 def _resume(app: Dashboard, task_type: str, by: str) -> bool:
     with app.database.changing() as conn:
         return control.resume(conn, task_type, by=by)
+
+
+def _resume_sequence(app: Dashboard, name: str) -> bool:
+    with app.database.changing() as conn:  # the halt cleared and the next made due, one lock
+        return resume_sequence(conn, name)
 
 
 def _cancel(app: Dashboard, who: str, selector: dict[str, Any]) -> list[repository.CancelledTask]:
@@ -282,6 +302,10 @@ def notice(params: Any) -> str | None:
         return f"paused {task_type}" + (f" for {until}" if span else " until resumed")
     if done == "resume" and task_type:
         return f"resumed {task_type}" if n else f"{task_type} was not paused"
+    if done == "resume_sequence":  # its name is not repeated from the URL: see above
+        if n:
+            return "resumed the sequence: its next task is due (the failed one stays dead)"
+        return "the sequence was not halted: resumed already, or its failed task retried"
     return None
 
 

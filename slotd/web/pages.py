@@ -26,6 +26,9 @@ def overview(reads: DashboardReads, window: charts.Window = charts.HOUR) -> dict
     limits = _limits(replicas)
     tables = reads.tables()
     rates = _rates(reads) if "slotd_rate_windows" in tables else {}
+    # Halted sequences wait for an operator (#39): shown here as `slotd status` shows them,
+    # resumable from the page.
+    halted = reads.halted_sequences(HALTED_SHOWN) if "slotd_sequences" in tables else []
     slots = sum(r["slots"] for r in replicas)
     busy = sum(len(r["leases"] or {}) for r in replicas)
     rows = []
@@ -60,11 +63,16 @@ def overview(reads: DashboardReads, window: charts.Window = charts.HOUR) -> dict
         "backlog": charts.backlog(history_rows(reads, tables, window), window),
         "window": window,
         "alarm": _alarm(history.recent_outcomes(reads.conn)),
+        "halted": halted,
+        "halted_shown": HALTED_SHOWN,
         "paused_known": bool(paused),
         "limits_known": bool(limits),
         "rates_known": bool(rates),
     }
 
+
+# How many halted sequences the overview lists (`slotd sequences --halted` lists them all).
+HALTED_SHOWN = 10
 
 # Due work that has waited this long is flagged (the starvation alert waits 300 s; an
 # operator looking at the page wants to see a type fall behind well before that).
