@@ -88,6 +88,9 @@ class Handler:
     shared_limits: tuple[str, ...] = ()
     # Its groups take turns for its slots (the one that started least recently first).
     fair: bool = False
+    # A group may run this many above max_running_per_group while no other group of the
+    # type has a due task waiting (the burst; 0: never above the cap).
+    group_burst: int = 0
 
     def limits(self) -> tuple[int | None, float | None, float | None]:
         """As plain numbers, for the runner's hello to its slot."""
@@ -147,6 +150,16 @@ def _rate(name: str, option: str, value: object) -> Rate | None:
             f"at least 1, per window, a positive timedelta; not {value!r}"
         )
     return (value[0], value[1])
+
+
+def _burst(name: str, burst: object, per_group: int | None) -> None:
+    """group_burst: a whole number of tasks, only above a per-group cap."""
+    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 0:
+        raise ValueError(f"task type {name!r}: group_burst must be a whole number >= 0")
+    if burst and per_group is None:
+        raise ValueError(
+            f"task type {name!r}: group_burst needs max_running_per_group (the cap it goes above)"
+        )
 
 
 def _limit(name: str, option: str, value: object) -> int | None:
@@ -253,6 +266,7 @@ class Registry:
                     "sequence_on_failure": h.sequence_on_failure,
                     "limits": h.shared_limits,
                     "fair": h.fair,
+                    "group_burst": h.group_burst,
                 }
                 for name, h in self._handlers.items()
             },
@@ -262,6 +276,14 @@ class Registry:
     def fair_types(self) -> list[str]:
         """The served types whose groups take turns (fair=True), sorted."""
         return [name for name in self.types if self._handlers[name].fair]
+
+    @property
+    def group_bursts(self) -> dict[str, int]:
+        """The served types whose groups may burst above max_running_per_group, by how many
+        (group_burst)."""
+        return {
+            n: self._handlers[n].group_burst for n in self.types if self._handlers[n].group_burst
+        }
 
     @property
     def sequences_go_on(self) -> list[str]:
@@ -306,6 +328,7 @@ class Registry:
         sequence_on_failure: str = "halt",
         limits: Sequence[str] = (),
         fair: bool = False,
+        group_burst: int = 0,
     ) -> HandlerFn:
         """`max_attempts`, `backoff_base`, `backoff_cap` override the worker's settings for
         this type; the worker that claims a task stamps its threshold on the row.
@@ -325,7 +348,10 @@ class Registry:
         until an operator resumes it (default), or lets it "continue" with the next.
         `limits`: names of limits declared by `limit()`, shared with other types.
         `fair`: the type's groups take turns for its slots, the group that started least
-        recently first (within priorities), so one group's backlog cannot starve another."""
+        recently first (within priorities), so one group's backlog cannot starve another.
+        `group_burst`: with max_running_per_group, a group may run this many more while no
+        other group of the type has a due task waiting (checked at each claim, under the
+        limit's lock); the cap holds again as soon as one does."""
         validate_type_name(name)
         if name in self._handlers:
             raise ValueError(f"task type {name!r} is already registered")
@@ -343,6 +369,7 @@ class Registry:
             raise ValueError(f"task type {name!r}: backoff_cap is shorter than backoff_base")
         model = None if payload is None else _payload_model(name, payload)
         shared = _shared(name, limits, self._limits)
+        _burst(name, group_burst, max_running_per_group)
         if sequence_on_failure not in SEQUENCE_ON_FAILURE:
             raise ValueError(
                 f"task type {name!r}: sequence_on_failure must be 'halt' or 'continue', got"
@@ -370,6 +397,7 @@ class Registry:
             sequence_on_failure=sequence_on_failure,
             shared_limits=shared,
             fair=bool(fair),
+            group_burst=group_burst,
         )
         return fn
 
@@ -419,6 +447,7 @@ class Registry:
         sequence_on_failure: str = "halt",
         limits: Sequence[str] = (),
         fair: bool = False,
+        group_burst: int = 0,
     ) -> Callable[[F], F]: ...
 
     @overload
@@ -443,6 +472,7 @@ class Registry:
         sequence_on_failure: str = "halt",
         limits: Sequence[str] = (),
         fair: bool = False,
+        group_burst: int = 0,
     ) -> Callable[[Callable[[Task[P], Context], Any]], TaskHandle[P]]: ...
 
     def handler(
@@ -466,6 +496,7 @@ class Registry:
         sequence_on_failure: str = "halt",
         limits: Sequence[str] = (),
         fair: bool = False,
+        group_burst: int = 0,
     ) -> Callable[[Any], Any]:
         """Register the decorated function (see `register`). Untyped, the function itself
         is returned; with `payload=Model`, a TaskHandle: still callable as the function,
@@ -492,6 +523,7 @@ class Registry:
                 sequence_on_failure=sequence_on_failure,
                 limits=limits,
                 fair=fair,
+                group_burst=group_burst,
             )
             model = self._handlers[name].payload_model
             return fn if model is None else TaskHandle(name, fn, model)

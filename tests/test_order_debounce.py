@@ -12,8 +12,8 @@ import psycopg
 import pytest
 
 import slotd
-from tests.apps.order import RUNS
 from tests.daemon import Daemon, wait_for
+from tests.order_fleet import two_replicas
 
 APP = "tests.apps.order:registry"
 
@@ -106,9 +106,7 @@ def test_debounce_refuses_what_it_cannot_be(conn: psycopg.Connection[Any]) -> No
 def test_a_debounced_burst_of_five_runs_once_td_after_the_last_enqueue(
     conn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
 ) -> None:
-    conn.execute(RUNS)
-    for _ in range(2):
-        daemons.append(Daemon(db_url, slots=3, app=APP).start())
+    two_replicas(conn, db_url, daemons)
     ids = []
     for n in range(5):
         if n:

@@ -12,8 +12,8 @@ import psycopg
 import slotd
 from slotd.registry import Registry
 from slotd.repository import Repository
-from tests.apps.order import RUNS
 from tests.daemon import Daemon, wait_for
+from tests.order_fleet import two_replicas
 
 APP = "tests.apps.order:registry"
 
@@ -87,9 +87,7 @@ def test_a_fair_claim_rides_on_the_settlement_and_stamps_the_turn_in_it(
 def test_a_one_task_group_starts_within_a_few_claims_after_200_of_another(
     conn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
 ) -> None:
-    conn.execute(RUNS)
-    for _ in range(2):
-        daemons.append(Daemon(db_url, slots=3, app=APP).start())
+    two_replicas(conn, db_url, daemons)
     slotd.enqueue_many(
         conn, [slotd.NewTask("ord.fair", {"sleep": 0.05}, group="big") for _ in range(200)]
     )

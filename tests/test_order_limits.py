@@ -14,8 +14,8 @@ import pytest
 import slotd
 from slotd.registry import Registry
 from slotd.repository import Repository
-from tests.apps.order import RUNS
 from tests.daemon import Daemon, wait_for
+from tests.order_fleet import runs_ended, two_replicas
 from tests.test_priority_limits import max_overlap
 
 APP = "tests.apps.order:registry"
@@ -76,6 +76,51 @@ def test_a_shared_limit_per_group(conn: psycopg.Connection[Any]) -> None:
     assert [x.id if x else None for x in got] == [a, c, None]
 
 
+def _burst_claim(repo: Repository) -> Any:
+    reg = _registry()
+    ids = repo.discover(["ord.burst"], 20, reg.concurrency_limits, bursts=reg.group_bursts)
+    return repo.claim(ids, reg) if ids else None
+
+
+def test_a_group_bursts_above_its_cap_only_while_no_other_group_waits(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """max_running_per_group=1, group_burst=2: a group alone runs up to three; once another
+    group has a due task, the cap holds again for every new start (the ones running go
+    on), and that group's task is discovered and claimed first."""
+    repo = Repository(conn)
+    a = [slotd.enqueue(conn, "ord.burst", {}, group="a") for _ in range(4)]
+    got = [_burst_claim(repo) for _ in range(4)]
+    assert [c.id if c else None for c in got] == [a[0], a[1], a[2], None]  # 1 + a burst of 2
+    b = slotd.enqueue(conn, "ord.burst", {}, group="b")
+    first, *_ = got
+    assert first is not None
+    repo.dequeue(first.id, first.token)  # a runs 2 now: above its cap, b waits
+    assert repo.discover(["ord.burst"], 20, _registry().concurrency_limits,
+                         bursts=_registry().group_bursts) == [b]  # fmt: skip
+    assert repo.claim([a[3]], _registry()) is None  # named directly: refused at the claim
+    taken = _burst_claim(repo)
+    assert taken is not None and taken.id == b
+    # b is running, so nobody waits: a's fourth may burst again (a runs 2 of its 3).
+    fourth = _burst_claim(repo)
+    assert fourth is not None and fourth.id == a[3]
+    # Without a burst the cap is the cap (another registry's view of the same rows).
+    strict = slotd.Registry()
+    strict.register("ord.burst", lambda t, c: None, ceiling=timedelta(seconds=10),
+                    max_running_per_group=1)  # fmt: skip
+    more = slotd.enqueue(conn, "ord.burst", {}, group="b")
+    assert repo.claim([more], strict) is None
+
+
+def test_a_burst_needs_a_per_group_cap() -> None:
+    reg = slotd.Registry()
+    with pytest.raises(ValueError, match="group_burst needs max_running_per_group"):
+        reg.register("x.y", lambda t, c: None, ceiling=timedelta(seconds=1), group_burst=1)
+    with pytest.raises(ValueError, match="group_burst must be a whole number"):
+        reg.register("x.z", lambda t, c: None, ceiling=timedelta(seconds=1),
+                     max_running_per_group=1, group_burst=-1)  # fmt: skip
+
+
 def test_limits_must_be_declared_first() -> None:
     reg = slotd.Registry()
     with pytest.raises(ValueError, match="not declared"):
@@ -90,20 +135,26 @@ def test_limits_must_be_declared_first() -> None:
 def test_a_shared_limit_of_one_across_two_types_is_never_exceeded_by_two_replicas(
     conn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
 ) -> None:
-    conn.execute(RUNS)
-    for _ in range(2):
-        daemons.append(Daemon(db_url, slots=3, app=APP).start())
+    two_replicas(conn, db_url, daemons)
     # Six slots ready, then the work: 30 tasks of the two types, their wakes at once.
     items = [("ord.model_a" if i % 2 else "ord.model_b", {"sleep": 0.05}) for i in range(30)]
     slotd.enqueue_many(conn, items)
 
-    def done() -> bool:
-        row = conn.execute("SELECT count(*) FROM order_runs WHERE ended_at IS NOT NULL").fetchone()
-        return row is not None and row[0] == 30
-
-    wait_for(done, timeout=60, what="30 runs")
+    wait_for(lambda: runs_ended(conn) == 30, timeout=60, what="30 runs")
     runs = conn.execute(
         "SELECT started_at, ended_at, task_type, pid FROM order_runs ORDER BY started_at"
     ).fetchall()
     assert max_overlap([(r[0], r[1]) for r in runs]) == 1
     assert {r[2] for r in runs} == {"ord.model_a", "ord.model_b"}
+
+
+def test_a_group_alone_bursts_to_its_cap_plus_burst_across_two_replicas_never_more(
+    conn: psycopg.Connection[Any], db_url: str, daemons: list[Daemon]
+) -> None:
+    two_replicas(conn, db_url, daemons)
+    # Six slots for one group's 12 tasks: its cap (1) plus its burst (2), never more.
+    slotd.enqueue_many(conn, [slotd.NewTask("ord.burst", {"sleep": 0.3}, group="a")] * 12)
+
+    wait_for(lambda: runs_ended(conn) == 12, timeout=60, what="12 runs")
+    runs = conn.execute("SELECT started_at, ended_at FROM order_runs").fetchall()
+    assert max_overlap([(r[0], r[1]) for r in runs]) == 3

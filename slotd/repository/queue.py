@@ -126,10 +126,14 @@ class ClaimShape:
 
 
 def limit_params(
-    limits: Limits, rates: Rates | None = None, shared: Sequence[SharedRow] = ()
+    limits: Limits,
+    rates: Rates | None = None,
+    shared: Sequence[SharedRow] = (),
+    bursts: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The within_limits and within_rates predicates' parallel arrays (within_shared's:
-    one entry per type and shared limit it is under); empty for an unlimited registry."""
+    one entry per type and shared limit it is under); empty for an unlimited registry.
+    `bursts`: Registry.group_bursts (0 for a type not in it)."""
     names = sorted(limits)
     rated = sorted(rates or {})
 
@@ -144,6 +148,7 @@ def limit_params(
         "limited": names,
         "max_running": [limits[n][0] for n in names],
         "max_per_group": [limits[n][1] for n in names],
+        "group_burst": [(bursts or {}).get(n, 0) for n in names],
         "settling": None,
         "settling_token": None,
         "rated": rated,
@@ -204,6 +209,7 @@ class QueueProtocol(Lanes):
         rates: Rates | None = None,
         shared: Sequence[SharedRow] = (),
         fair: Sequence[str] = (),
+        bursts: Mapping[str, int] | None = None,
     ) -> list[int]:
         """Candidate ids in delivery order (ordering key, then id), passing over rows that
         their type's or group's limit or rate holds back right now; from the read lane, or
@@ -216,7 +222,7 @@ class QueueProtocol(Lanes):
             "types": list(types),
             "limit": limit,
             "lead_s": self.lead_s,
-            **limit_params(limits or {}, rates, shared),
+            **limit_params(limits or {}, rates, shared, bursts),
         }
         name = "discover"
         if fair:  # some served types take turns by group (sql `discover_fair`)
@@ -248,7 +254,9 @@ class QueueProtocol(Lanes):
                 "types": types,
                 "ceilings_s": registry.ceilings_seconds,
                 "max_attempts": registry.max_attempts(self.max_attempts),
-                **limit_params(registry.concurrency_limits, registry.rates, shared),
+                **limit_params(
+                    registry.concurrency_limits, registry.rates, shared, registry.group_bursts
+                ),
                 "fair": registry.fair_types,
             }
             literals = {k: v if v is None else array_literal(v) for k, v in arrays.items()}

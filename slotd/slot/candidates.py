@@ -127,6 +127,7 @@ class Candidates:
             rates=registry.rates,
             shared=registry.shared_rows,
             fair=registry.fair_types,
+            bursts=registry.group_bursts,
         )
         self.limit = self.widened(time.monotonic() - started)
         self.retry_in = repo.wake_in_s

@@ -97,3 +97,11 @@ for name, shared in (
 def fair(task: slotd.Task, ctx: slotd.Context) -> None:
     """A type whose groups take turns."""
     _run(task, ctx)
+
+
+@registry.handler(
+    "ord.burst", ceiling=timedelta(seconds=10), max_running_per_group=1, group_burst=2
+)
+def burst(task: slotd.Task, ctx: slotd.Context) -> None:
+    """One per group, up to three while no other group has a due task (group_burst)."""
+    _run(task, ctx)
