@@ -27,6 +27,12 @@
 -- gauge (and with it the starvation alert) ignores paused work too.
 (t.task_type NOT IN (SELECT p.task_type FROM slotd_paused_types p WHERE {pause_active}))
 
+-- predicate: tagged
+-- Carries the tag %(tag)s (sql/040), or no tag was asked for. Containment, which the GIN
+-- index slotd_tasks_tags answers; only tagged rows are in it. slotd.tasks(tag=) and the
+-- dashboard's search both splice it.
+(%(tag)s::text IS NULL OR (t.tags IS NOT NULL AND t.tags @> ARRAY[%(tag)s::text]))
+
 -- predicate: pause_active
 (p.until IS NULL OR p.until > now())
 
@@ -1101,7 +1107,7 @@ FROM slotd_tasks t
 WHERE (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s)
   AND (%(before)s::bigint IS NULL OR t.id < %(before)s)
   AND (%(key)s::text IS NULL OR t.key = %(key)s OR t.started_key = %(key)s)
-  AND (%(tag)s::text IS NULL OR (t.tags IS NOT NULL AND t.tags @> ARRAY[%(tag)s::text]))
+  AND {tagged}
   AND (%(state)s::text IS NULL OR {task_state} = %(state)s)
 ORDER BY t.id DESC
 LIMIT %(limit)s

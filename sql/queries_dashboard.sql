@@ -272,7 +272,7 @@ WITH scanned AS (
            t.created_at, now() AS db_now
     FROM slotd_tasks t
     WHERE (%(after_id)s::bigint IS NULL OR t.id < %(after_id)s::bigint)
-      AND (%(tag)s::text IS NULL OR (t.tags IS NOT NULL AND t.tags @> ARRAY[%(tag)s::text]))
+      AND {tagged}
       AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
       AND (%(key)s::text IS NULL
            OR ((t.key = %(key)s OR t.started_key = %(key)s)
