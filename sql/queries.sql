@@ -156,37 +156,41 @@ CASE WHEN t.attempt_count < t.max_attempts THEN NULL
                     AND NOT coalesce(l.id = %(settling)s::bigint
                                      AND l.lease_token = %(settling_token)s::uuid, false))
                  < (%(max_per_group)s::int[])[array_position(%(limited)s::text[], t.task_type)]
-                 -- The group's burst (group_burst): above its cap while no other group of
-                 -- the type has a due task nobody holds. Asked only at the cap, of a type
-                 -- with a burst; two probes of slotd_tasks_fair, below and above this
-                 -- group's name, so this group's own backlog is never walked.
-                 OR ((%(group_burst)s::int[])[array_position(%(limited)s::text[], t.task_type)]
-                         > 0
-                     AND (SELECT count(*) FROM slotd_tasks l
-                          WHERE l.task_type = t.task_type AND l.task_group = t.task_group
-                            AND l.lease_token IS NOT NULL AND l.lease_expires_at > now()
-                            AND NOT coalesce(l.id = %(settling)s::bigint
-                                             AND l.lease_token = %(settling_token)s::uuid,
-                                             false))
-                         < (%(max_per_group)s::int[])[
-                               array_position(%(limited)s::text[], t.task_type)]
-                           + (%(group_burst)s::int[])[
-                               array_position(%(limited)s::text[], t.task_type)]
-                     -- In the index's order with a LIMIT (not EXISTS, which the planner
-                     -- may answer with a sequential scan betting on an early match).
-                     AND (SELECT o.task_group FROM slotd_tasks o
-                          WHERE o.task_type = t.task_type AND o.task_group < t.task_group
-                            AND o.attempt_count < o.max_attempts AND o.run_at <= now()
-                            AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= now())
-                          ORDER BY o.task_type, o.task_group DESC LIMIT 1) IS NULL
-                     AND (SELECT o.task_group FROM slotd_tasks o
-                          WHERE o.task_type = t.task_type AND o.task_group > t.task_group
-                            AND o.attempt_count < o.max_attempts AND o.run_at <= now()
-                            AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= now())
-                          ORDER BY o.task_type, o.task_group LIMIT 1) IS NULL)
+                 -- A group's burst above its cap (group_burst): see group_burst_closed.
+                 OR NOT {group_burst_closed}
        END)
  END)
  AND {within_shared}
+
+-- predicate: group_burst_closed
+-- Whether the row's group, at its max_running_per_group, may NOT start one more now: its
+-- burst (group_burst, #39) lets it run that many above the cap while no other group of the
+-- type has a due task nobody holds. Two probes of slotd_tasks_fair, below and above this
+-- group's name, in the index's order with a LIMIT (an EXISTS the planner may answer with a
+-- sequential scan betting on an early match), so the group's own backlog is never walked.
+-- A registry without a burst never names it: spliced as `true` (closed) into the plain
+-- statements, and carried only by their `_shared` twins (slotd/repository/named.py,
+-- SHARED_PARTS), which the repository runs for a registry with a burst or a shared limit.
+-- Its two probes and a second lease count cost the plan of every claim that names them
+-- (plain no-op tasks: PostgreSQL 210 -> 231 µs/task when every claim carried them).
+(NOT ((%(group_burst)s::int[])[array_position(%(limited)s::text[], t.task_type)] > 0
+      AND (SELECT count(*) FROM slotd_tasks l
+           WHERE l.task_type = t.task_type AND l.task_group = t.task_group
+             AND l.lease_token IS NOT NULL AND l.lease_expires_at > now()
+             AND NOT coalesce(l.id = %(settling)s::bigint
+                              AND l.lease_token = %(settling_token)s::uuid, false))
+          < (%(max_per_group)s::int[])[array_position(%(limited)s::text[], t.task_type)]
+            + (%(group_burst)s::int[])[array_position(%(limited)s::text[], t.task_type)]
+      AND (SELECT o.task_group FROM slotd_tasks o
+           WHERE o.task_type = t.task_type AND o.task_group < t.task_group
+             AND o.attempt_count < o.max_attempts AND o.run_at <= now()
+             AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= now())
+           ORDER BY o.task_type, o.task_group DESC LIMIT 1) IS NULL
+      AND (SELECT o.task_group FROM slotd_tasks o
+           WHERE o.task_type = t.task_type AND o.task_group > t.task_group
+             AND o.attempt_count < o.max_attempts AND o.run_at <= now()
+             AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= now())
+           ORDER BY o.task_type, o.task_group LIMIT 1) IS NULL))
 
 -- predicate: type_open
 -- Served types a claim may start now (s.task_type, one row per served type): not paused,

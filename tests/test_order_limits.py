@@ -112,6 +112,25 @@ def test_a_group_bursts_above_its_cap_only_while_no_other_group_waits(
     assert repo.claim([more], strict) is None
 
 
+def test_a_registry_whose_only_rare_limit_is_a_burst_bursts(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """The burst rides the statements' `_shared` twins (SHARED_PARTS): a registry with a
+    burst and no shared limit must run them too (the plain ones say closed)."""
+    reg = slotd.Registry()
+    reg.register("solo.burst", lambda t, c: None, ceiling=timedelta(seconds=10),
+                 max_running_per_group=1, group_burst=1)  # fmt: skip
+    repo = Repository(conn)
+    ids = [slotd.enqueue(conn, "solo.burst", {}, group="a") for _ in range(3)]
+
+    def claim() -> Any:
+        found = repo.discover(["solo.burst"], 20, reg.concurrency_limits, bursts=reg.group_bursts)
+        return repo.claim(found, reg) if found else None
+
+    got = [claim() for _ in range(3)]
+    assert [c.id if c else None for c in got] == [ids[0], ids[1], None]
+
+
 def test_a_burst_needs_a_per_group_cap() -> None:
     reg = slotd.Registry()
     with pytest.raises(ValueError, match="group_burst needs max_running_per_group"):

@@ -123,6 +123,9 @@ class ClaimShape:
     shared_keys: dict[str, list[str]]
     # The fair types (fair=True): their claims stamp their group's turn (claim part `fair`).
     fair: frozenset[str]
+    # Some type's groups may burst above their cap (Registry.group_bursts): its claims run
+    # the `_shared` twins, which carry group_burst_closed.
+    bursts: bool = False
 
 
 def limit_params(
@@ -228,7 +231,7 @@ class QueueProtocol(Lanes):
         if fair:  # some served types take turns by group (sql `discover_fair`)
             name = "discover_fair"
             params.update(fair=list(fair), fair_window=FAIR_WINDOW)
-        if shared:  # the twin that carries the shared limits (slotd/repository/named.py)
+        if shared or bursts:  # the twin carrying shared limits and bursts (repository/named.py)
             name += SHARED_SUFFIX
         conn = self.write if on_primary else self.read
         rows = conn.execute(_sql(name, self.schema), params).fetchall()
@@ -272,6 +275,7 @@ class QueueProtocol(Lanes):
                 frozenset(registry.rates) | shared_rated,
                 keys,
                 frozenset(registry.fair_types),
+                bool(registry.group_bursts),
             )
         return cached
 
@@ -316,7 +320,8 @@ class QueueProtocol(Lanes):
 
     def _shared(self, name: str, registry: Registry) -> str:
         """A registry with shared limits runs each claim's twin that carries them."""
-        return name + SHARED_SUFFIX if self._shape(registry).shared_keys else name
+        shape = self._shape(registry)
+        return name + SHARED_SUFFIX if shape.shared_keys or shape.bursts else name
 
     def claim(
         self, ids: Sequence[int], registry: Registry, lease_token: str | None = None
