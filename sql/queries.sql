@@ -150,17 +150,23 @@ CASE WHEN t.attempt_count < t.max_attempts THEN NULL
   AND (CASE WHEN t.task_group IS NULL
                  OR (%(max_per_group)s::int[])[array_position(%(limited)s::text[], t.task_type)]
                     IS NULL THEN true
-            ELSE (SELECT count(*) FROM slotd_tasks l
-                  WHERE l.task_type = t.task_type AND l.task_group = t.task_group
-                    AND l.lease_token IS NOT NULL AND l.lease_expires_at > now()
-                    AND NOT coalesce(l.id = %(settling)s::bigint
-                                     AND l.lease_token = %(settling_token)s::uuid, false))
+            ELSE {group_leases}
                  < (%(max_per_group)s::int[])[array_position(%(limited)s::text[], t.task_type)]
                  -- A group's burst above its cap (group_burst): see group_burst_closed.
                  OR NOT {group_burst_closed}
        END)
  END)
  AND {within_shared}
+
+-- fragment: group_leases
+-- How many live leases the row's group of its type holds (within_limits, group_burst_closed):
+-- read through slotd_tasks_leased_group, a handful of rows. The row this statement is
+-- settling (settling / settling_token) has left its place.
+(SELECT count(*) FROM slotd_tasks l
+ WHERE l.task_type = t.task_type AND l.task_group = t.task_group
+   AND l.lease_token IS NOT NULL AND l.lease_expires_at > now()
+   AND NOT coalesce(l.id = %(settling)s::bigint
+                    AND l.lease_token = %(settling_token)s::uuid, false))
 
 -- predicate: group_burst_closed
 -- Whether the row's group, at its max_running_per_group, may NOT start one more now: its
@@ -174,11 +180,7 @@ CASE WHEN t.attempt_count < t.max_attempts THEN NULL
 -- Its two probes and a second lease count cost the plan of every claim that names them
 -- (plain no-op tasks: PostgreSQL 210 -> 231 µs/task when every claim carried them).
 (NOT ((%(group_burst)s::int[])[array_position(%(limited)s::text[], t.task_type)] > 0
-      AND (SELECT count(*) FROM slotd_tasks l
-           WHERE l.task_type = t.task_type AND l.task_group = t.task_group
-             AND l.lease_token IS NOT NULL AND l.lease_expires_at > now()
-             AND NOT coalesce(l.id = %(settling)s::bigint
-                              AND l.lease_token = %(settling_token)s::uuid, false))
+      AND {group_leases}
           < (%(max_per_group)s::int[])[array_position(%(limited)s::text[], t.task_type)]
             + (%(group_burst)s::int[])[array_position(%(limited)s::text[], t.task_type)]
       AND (SELECT o.task_group FROM slotd_tasks o

@@ -24,15 +24,15 @@ from slotd.repository import composed, named, statements
 # `true` here (`OR NOT true`, folded away by the planner) and carried by the _shared twins
 # only: with its probes in every claim PostgreSQL spent 210 -> 231 µs per plain task.
 PLAIN_PATH = {
-    composed.claimed("plain"): "257cae65a63e82d5f9da41a55081e617d06063a91585b3b43e899bfbd7f7b982",
-    composed.claimed("rated"): "6d611d0d60edc5dea76fcdf94a73565ec1aa31d0f230cefd35643bd1f17085bb",
+    composed.claimed("plain"): "f06f1866a698cc9f09ad749d71801a254dddd22094e9972d3b95c5a13167fa5d",
+    composed.claimed("rated"): "06751e6d8ad0285bbf40b1e31e9da80d048916e1842d28656a25c0767e64b8fb",
     composed.succeeded("plain"): "532ede50d400d6827630c0d0a65e4aff6a898bf650ae229656e94cc46e1c5fa2",
     composed.succeeded(
         "plain", "plain"
-    ): "b764b2a442d4a7a72f738f46c22f163ad2183d2b1f40b52fb3d041d22a74aa47",
+    ): "0087d9dd23d289bf19a734fc67911fcb117f2fccc5e3e88bfcef0da3e3507042",
     composed.succeeded(
         "plain", "rated"
-    ): "43238f0cc6f8048825900e6941925b584a6807b3e8dc6b2693ca525d44006854",
+    ): "e9e590a5ca7422951a1a7d50bb9e7c39b1c019791daed72ddf3d9ff235443657",
     composed.failed("plain"): "f10c5c997d720dbd3509eb1d592fd1ababc092fd1d391a84e41bec69b632fe19",
 }
 
