@@ -171,13 +171,15 @@ def _limit(name: str, option: str, value: object) -> int | None:
 
 
 # What every claim reads of a registry, computed once per set of types (Registry._current):
-# its size when computed, the types, their concurrency limits, their rates, the claim-locked.
+# its size when computed, the types, their concurrency limits, their rates, the claim-locked,
+# their group bursts.
 _Derived = tuple[
     int,
     list[str],
     dict[str, tuple[int | None, int | None]],
     dict[str, tuple[Rate | None, Rate | None]],
     list[str],
+    dict[str, int],
 ]
 
 
@@ -218,7 +220,7 @@ class Registry:
         self._runner_hooks: list[Callable[[], Any]] = []
         # What every claim reads, computed once per set of types: handlers are only ever
         # added (a name registers once), so the number of them says whether it is current.
-        self._derived: _Derived = (-1, [], {}, {}, [])
+        self._derived: _Derived = (-1, [], {}, {}, [], {})
         self._limits: dict[str, SharedLimit] = {}
 
     def limit(
@@ -280,10 +282,9 @@ class Registry:
     @property
     def group_bursts(self) -> dict[str, int]:
         """The served types whose groups may burst above max_running_per_group, by how many
-        (group_burst)."""
-        return {
-            n: self._handlers[n].group_burst for n in self.types if self._handlers[n].group_burst
-        }
+        (group_burst); read by every discovery, so computed once per set of types (shared:
+        read it, do not change it)."""
+        return self._current()[5]
 
     @property
     def sequences_go_on(self) -> list[str]:
@@ -599,6 +600,7 @@ class Registry:
                 {h.name: (h.max_running, h.max_running_per_group) for h in handlers if h.limited},
                 {h.name: (h.rate, h.rate_per_group) for h in handlers if h.rated},
                 [h.name for h in handlers if h.limited or h.rated or h.shared_limits],
+                {h.name: h.group_burst for h in handlers if h.group_burst},
             )
         return derived
 
