@@ -33,11 +33,13 @@ class SlotConnections:
         stopping: Callable[[], bool],
         on_reconnect: Callable[[], None],
         log: logging.Logger | logging.LoggerAdapter[Any],
+        warm: Callable[[Repository], None] = lambda _repo: None,
         voice: SlotsVoice | None = None,
     ) -> None:
         self.role, self.number = f"slotd slot {number}", number
         self.settings, self.write_url, self.read_url = settings, write_url, read_url
         self.pause, self.stopping, self.on_reconnect, self.log = pause, stopping, on_reconnect, log
+        self.warm = warm
         self.repo: Repository | None = None
         # Shared with the replica's other slots: an outage is told once, not once per slot.
         self.voice = voice or SlotsVoice()
@@ -66,6 +68,7 @@ class SlotConnections:
                 for conn in {write, repo.read}:
                     if db.session_is_ours(conn, prepare):
                         repository.plan_generically(conn)
+                self.warm(repo)  # before the first task, not during its start
                 self.repo = repo
                 if repeats.ok():
                     self.voice.recovered()
